@@ -1,0 +1,546 @@
+"""One validated, immutable configuration object for the whole stack.
+
+Layout (MaxText style): ``configs/base.yml`` holds every default; a run file names its base with
+``base_config:`` and its model with ``model_name:`` (loaded from ``configs/models/<name>.yml`` into the
+``model`` section); command-line ``key=value`` overrides come last, with dotted keys for sections
+(``actor_optim.learning_rate=1e-7``, ``mesh.ici_fsdp_parallelism=4``). Phase files
+(``configs/phases/<phase>.yml``) are overlays applied by the pipeline with :func:`with_overrides`.
+
+Every section is a frozen dataclass; the schema *is* the dataclasses below. Unknown keys, wrong types and
+impossible values raise :class:`ConfigError` naming the dotted key. The resulting :class:`Config` is passed
+down explicitly; nothing reads configuration from globals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+
+
+class ConfigError(ValueError):
+  """A configuration value is unknown, of the wrong type, or impossible. The message names the key."""
+
+
+# ----------------------------------------------------------------------------------------------- sections
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  name: str = "rsi"
+  output_dir: str = "runs"
+  seed: int = 0
+  log_level: str = "info"
+  progress: bool = True  # tqdm progress bars for long work
+
+  def validate(self, p):
+    _check(self.name != "", f"{p}.name", "must not be empty")
+    _check(self.log_level in ("debug", "info", "warning", "error"), f"{p}.log_level",
+           f"must be one of debug/info/warning/error, got {self.log_level!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """A MaxText Qwen3 decoder. Field names are MaxText's own config keys, passed through to pyconfig."""
+  name: str = "qwen3-tiny"
+  decoder_block: str = "qwen3"
+  base_emb_dim: int = 64
+  base_num_query_heads: int = 4
+  base_num_kv_heads: int = 2
+  base_mlp_dim: int = 128
+  base_num_decoder_layers: int = 2
+  head_dim: int = 16
+  vocab_size: int = 151936
+  logits_via_embedding: bool = True  # tie_word_embeddings
+  normalization_layer_epsilon: float = 1e-6
+  rope_max_timescale: int = 1_000_000
+  use_qk_norm: bool = True
+  max_target_length: int = 512
+  dtype: str = "float32"  # activation dtype
+  weight_dtype: str = "float32"
+  scan_layers: bool = True
+  remat_policy: str = "full"
+  attention: str = "dot_product"
+  hf_path: str = ""  # local HF Qwen3 folder (config.json + *.safetensors) to import; "" = random init
+  tokenizer_path: str = ""  # "" = the Qwen3 tokenizer shipped inside the maxtext package
+  maxtext_overrides: dict = dataclasses.field(default_factory=dict)  # any further MaxText keys, verbatim
+
+  def validate(self, p):
+    for k in ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim",
+              "base_num_decoder_layers", "head_dim", "vocab_size", "max_target_length"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    _check(self.base_num_query_heads % self.base_num_kv_heads == 0, f"{p}.base_num_kv_heads",
+           f"must divide base_num_query_heads ({self.base_num_query_heads}), got {self.base_num_kv_heads}")
+    for k in ("dtype", "weight_dtype"):
+      _check(getattr(self, k) in ("float32", "bfloat16", "float16"), f"{p}.{k}",
+             f"must be float32/bfloat16/float16, got {getattr(self, k)!r}")
+    _check(self.normalization_layer_epsilon > 0, f"{p}.normalization_layer_epsilon", "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Device mesh in MaxText's terms. -1 on one ICI axis means: whatever the devices leave."""
+  ici_data_parallelism: int = 1
+  ici_fsdp_parallelism: int = -1
+  ici_tensor_parallelism: int = 1
+  ici_sequence_parallelism: int = 1
+  dcn_data_parallelism: int = 1
+  dcn_fsdp_parallelism: int = 1
+
+  def validate(self, p):
+    autos = [k for k, v in self.items() if v == -1]
+    _check(len(autos) <= 1, f"{p}.{autos[-1] if autos else ''}", "at most one mesh axis may be -1")
+    for k, v in self.items():
+      _check(v == -1 or v >= 1, f"{p}.{k}", f"must be >= 1 or -1, got {v}")
+
+  def items(self):
+    return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+  def batch_shards(self) -> int | None:
+    """Number of shards the batch axis is split over (data x fsdp, ICI x DCN), None if an axis is auto."""
+    v = [self.ici_data_parallelism, self.ici_fsdp_parallelism, self.dcn_data_parallelism,
+         self.dcn_fsdp_parallelism]
+    return None if -1 in v else math.prod(v)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  """AdamW + global-norm clipping (paper App. A). Constant learning rate within a phase."""
+  learning_rate: float = 5e-7
+  b1: float = 0.90
+  b2: float = 0.98
+  eps: float = 1e-8
+  weight_decay: float = 0.10
+  grad_clip: float = 1.0
+
+  def validate(self, p):
+    _check(self.learning_rate >= 0, f"{p}.learning_rate", f"must be >= 0, got {self.learning_rate}")
+    _check(0 <= self.b1 < 1, f"{p}.b1", f"must be in [0, 1), got {self.b1}")
+    _check(0 <= self.b2 < 1, f"{p}.b2", f"must be in [0, 1), got {self.b2}")
+    _check(self.eps > 0, f"{p}.eps", f"must be > 0, got {self.eps}")
+    _check(self.weight_decay >= 0, f"{p}.weight_decay", f"must be >= 0, got {self.weight_decay}")
+    _check(self.grad_clip > 0, f"{p}.grad_clip", f"must be > 0, got {self.grad_clip}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+  """Credit assignment and PPO (paper §2.3–2.4, App. A)."""
+  gamma_turn: float = 1.0
+  lambda_turn: float = 1.0
+  clip_low: float = 0.30
+  clip_high: float = 5.00
+  value_clip: float = 4.00
+  logprob_chunk: int = 1024
+  per_device_token_budget: int = 8192
+  pad_multiple: int = 2048
+  dynamic_balancing: bool = False
+
+  def validate(self, p):
+    for k in ("gamma_turn", "lambda_turn"):
+      _check(0 <= getattr(self, k) <= 1, f"{p}.{k}", f"must be in [0, 1], got {getattr(self, k)}")
+    for k in ("clip_low", "clip_high", "value_clip"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    _check(self.clip_low < 1, f"{p}.clip_low", f"must be < 1 (ratio floor 1-clip_low > 0), got {self.clip_low}")
+    for k in ("logprob_chunk", "per_device_token_budget", "pad_multiple"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  global_batch: int = 256  # trajectories used per rollout step
+  requested: int = 288  # requested per step; the first global_batch to finish are used
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0  # 0 = off
+  max_new_tokens: int = 8192  # per turn
+  max_input_tokens: int = 96000
+  responses_per_task: int = 1
+
+  def validate(self, p):
+    _check(self.global_batch > 0, f"{p}.global_batch", f"must be > 0, got {self.global_batch}")
+    _check(self.requested >= self.global_batch, f"{p}.requested",
+           f"must be >= global_batch ({self.global_batch}), got {self.requested}")
+    _check(self.temperature >= 0, f"{p}.temperature", f"must be >= 0, got {self.temperature}")
+    _check(0 < self.top_p <= 1, f"{p}.top_p", f"must be in (0, 1], got {self.top_p}")
+    _check(self.top_k >= 0, f"{p}.top_k", f"must be >= 0, got {self.top_k}")
+    _check(self.max_new_tokens > 0, f"{p}.max_new_tokens", "must be > 0")
+    _check(self.max_input_tokens > 0, f"{p}.max_input_tokens", "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+  """FDR / SPR rewards from verifier reports (paper §2.2, App. B)."""
+  kind: str = "fdr"  # fdr | spr
+  fallback_divisor: float = 82.0
+  calibration_quantile: float = 0.90
+  divisor_table: str = ""  # path to a divisor table (JSON with provenance); "" = fallback for every family
+  hygiene_patterns: tuple = ()  # regexes of check names excluded from P and N
+  # SPR recalibration between phases (offline)
+  high_reward_failure_threshold: float = 0.5  # failures scoring at least this are "high-reward failures"
+  high_reward_failure_share: float = 0.25  # family share of such failures that triggers doubling
+  long_low_reward_turns: int = 40  # a family is "long" when its median turns reach this
+  long_low_reward_mean: float = 0.25  # ... and "low-reward" when its mean reward is below this
+
+  def validate(self, p):
+    _check(self.kind in ("fdr", "spr"), f"{p}.kind", f"must be 'fdr' or 'spr', got {self.kind!r}")
+    _check(self.fallback_divisor > 0, f"{p}.fallback_divisor", f"must be > 0, got {self.fallback_divisor}")
+    _check(0 < self.calibration_quantile <= 1, f"{p}.calibration_quantile", "must be in (0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+  num_slots: int = 8  # concurrent decode slots (continuous batching)
+  max_prefill_length: int = 256
+  prefill_buckets: tuple = (32, 64, 128, 256)
+  max_cache_length: int = 512  # prompt + generated tokens per slot
+  swap_policy: str = "finish_on_old"  # finish_on_old | mark
+
+  def validate(self, p):
+    _check(self.num_slots > 0, f"{p}.num_slots", f"must be > 0, got {self.num_slots}")
+    _check(self.max_cache_length >= self.max_prefill_length, f"{p}.max_cache_length",
+           f"must be >= max_prefill_length ({self.max_prefill_length})")
+    _check(all(b > 0 for b in self.prefill_buckets), f"{p}.prefill_buckets", "must be positive")
+    _check(list(self.prefill_buckets) == sorted(self.prefill_buckets), f"{p}.prefill_buckets",
+           "must be increasing")
+    _check(self.swap_policy in ("finish_on_old", "mark"), f"{p}.swap_policy",
+           f"must be 'finish_on_old' or 'mark', got {self.swap_policy!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+  tasks_dir: str = "tasks"
+  base_image: str = "rsi-base"
+  image_map: dict = dataclasses.field(default_factory=dict)  # upstream base image -> local image
+  docker_hosts: tuple = ()  # () = the local daemon (DOCKER_HOST or the default socket)
+  concurrency: int = 4
+  network: str = "none"
+  command_timeout_s: float = 60.0
+  agent_timeout_s: float = 900.0
+  verifier_timeout_s: float = 300.0
+  output_cap_bytes: int = 10_000
+  max_turns: int = 32
+  summarize_threshold_tokens: int = 32_000
+  harness: str = "json"
+
+  def validate(self, p):
+    _check(self.concurrency > 0, f"{p}.concurrency", f"must be > 0, got {self.concurrency}")
+    for k in ("command_timeout_s", "agent_timeout_s", "verifier_timeout_s"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    for k in ("output_cap_bytes", "max_turns", "summarize_threshold_tokens"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RSRConfig:
+  num_runbooks: int = 4  # K
+  num_repeats: int = 4  # M
+  harnesses: tuple = ("json", "xml")
+  target_harness: str = "json"
+
+  def validate(self, p):
+    _check(self.num_runbooks > 0, f"{p}.num_runbooks", "must be > 0")
+    _check(self.num_repeats > 0, f"{p}.num_repeats", "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+  phases: tuple = ("rsr1", "critic_seed", "rpr1", "rsr2", "rpr2")
+  rollout_steps: int = 36  # per RPR phase
+  critic_only_steps: int = 4  # at the start of each RPR phase (actor frozen)
+  critic_seed_epochs: int = 1
+  checkpoint_every: int = 5
+  eval_every: int = 10
+  checkpoint_dir: str = ""  # "" = <run.output_dir>/<run.name>/checkpoints
+  sft_epochs: int = 1
+  micro_batch: int = 0  # 0 = no gradient accumulation
+
+  def validate(self, p):
+    known = {"rsr1", "critic_seed", "rpr1", "rsr2", "rpr2"}
+    for ph in self.phases:
+      _check(ph in known, f"{p}.phases", f"unknown phase {ph!r} (known: {sorted(known)})")
+    _check(self.rollout_steps > 0, f"{p}.rollout_steps", "must be > 0")
+    _check(0 <= self.critic_only_steps <= self.rollout_steps, f"{p}.critic_only_steps",
+           f"must be in [0, rollout_steps={self.rollout_steps}], got {self.critic_only_steps}")
+    _check(self.checkpoint_every > 0, f"{p}.checkpoint_every", "must be > 0")
+    _check(self.eval_every > 0, f"{p}.eval_every", "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  run: RunConfig = dataclasses.field(default_factory=RunConfig)
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+  actor_optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+  critic_optim: OptimConfig = dataclasses.field(
+      default_factory=lambda: OptimConfig(learning_rate=1.5e-5, grad_clip=100.0))
+  rl: RLConfig = dataclasses.field(default_factory=RLConfig)
+  rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+  reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+  sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
+  env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+  rsr: RSRConfig = dataclasses.field(default_factory=RSRConfig)
+  pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
+
+  def validate(self, p=""):
+    for f in dataclasses.fields(self):
+      getattr(self, f.name).validate(f.name)
+    shards = self.mesh.batch_shards()
+    if shards is not None:
+      _check(self.rollout.global_batch % shards == 0, "rollout.global_batch",
+             f"must be divisible by the mesh's batch shards (data x fsdp = {shards}), "
+             f"got {self.rollout.global_batch}")
+
+  def to_dict(self) -> dict:
+    return _to_plain(self)
+
+
+# ----------------------------------------------------------------------------------------------- loading
+
+_META_KEYS = ("base_config", "model_name")
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Config:
+  """Load a YAML run file (with ``base_config`` inheritance) and apply ``key=value`` overrides."""
+  tree: dict = {}
+  if path is not None:
+    tree = _load_yaml_chain(Path(path))
+  ov = parse_overrides(overrides)
+  # model_name may itself be overridden on the command line.
+  model_name = tree.pop("model_name", None)
+  if "model_name" in ov:
+    model_name = ov.pop("model_name").raw
+  tree.pop("base_config", None)
+  if model_name is not None:
+    model_tree = load_model_file(str(model_name))
+    tree["model"] = _deep_merge(model_tree, tree.get("model", {}) or {})
+  tree = _deep_merge(tree, _nest(ov))
+  return build_config(tree)
+
+
+def load_model_file(name: str) -> dict:
+  f = CONFIG_DIR / "models" / f"{name}.yml"
+  if not f.exists():
+    known = sorted(x.stem for x in (CONFIG_DIR / "models").glob("*.yml"))
+    raise ConfigError(f"model_name: no model file {f} (known: {known})")
+  data = _read_yaml(f)
+  data.setdefault("name", name)
+  return data
+
+
+def load_phase_overlay(phase: str) -> dict:
+  """The overlay ``configs/phases/<phase>.yml`` (a nested dict of section overrides), {} if absent."""
+  f = CONFIG_DIR / "phases" / f"{phase}.yml"
+  return _read_yaml(f) if f.exists() else {}
+
+
+def build_config(tree: Mapping[str, Any]) -> Config:
+  """Typed, validated Config from a nested dict. Unknown keys and wrong types raise ConfigError.
+
+  Missing keys take the defaults of ``Config()`` (so a partial ``critic_optim`` keeps the critic's own
+  learning rate and clip, not ``OptimConfig``'s)."""
+  cfg = _build(Config, _deep_merge(Config().to_dict(), tree), "")
+  cfg.validate()
+  return cfg
+
+
+def with_overrides(cfg: Config, overrides: Mapping[str, Any] | Sequence[str]) -> Config:
+  """A new validated Config with nested-dict or ``key=value`` overrides applied."""
+  if not isinstance(overrides, Mapping):
+    overrides = _nest(parse_overrides(overrides))
+  return build_config(_deep_merge(cfg.to_dict(), dict(overrides)))
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+  """``["a.b=1", "name=x"]`` -> ``{"a.b": 1, "name": "x"}`` (values parsed as YAML, raw text kept)."""
+  out: dict[str, Any] = {}
+  for item in overrides:
+    if "=" not in item:
+      raise ConfigError(f"override {item!r}: expected key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip().lstrip("-")
+    if not key:
+      raise ConfigError(f"override {item!r}: empty key")
+    try:
+      value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+      value = raw
+    # Keep the raw text so str fields receive exactly what was typed (e.g. name=007).
+    out[key] = _RawValue(value, raw)
+  return out
+
+
+# ----------------------------------------------------------------------------------------------- internals
+
+
+class _RawValue:
+  """A YAML-parsed override value that remembers the text it came from."""
+
+  __slots__ = ("value", "raw")
+
+  def __init__(self, value, raw):
+    self.value, self.raw = value, raw
+
+  def __repr__(self):
+    return repr(self.value)
+
+
+def _check(ok: bool, key: str, msg: str):
+  if not ok:
+    raise ConfigError(f"{key}: {msg}")
+
+
+def _read_yaml(f: Path) -> dict:
+  try:
+    data = yaml.safe_load(f.read_text()) or {}
+  except yaml.YAMLError as e:
+    raise ConfigError(f"{f}: invalid YAML: {e}") from None
+  except OSError as e:
+    raise ConfigError(f"{f}: cannot read: {e}") from None
+  if not isinstance(data, dict):
+    raise ConfigError(f"{f}: top level must be a mapping, got {type(data).__name__}")
+  return data
+
+
+def _load_yaml_chain(path: Path, seen: tuple = ()) -> dict:
+  if not path.exists():
+    alt = CONFIG_DIR / path
+    if alt.exists():
+      path = alt
+    else:
+      raise ConfigError(f"config file {path} does not exist")
+  path = path.resolve()
+  if path in seen:
+    raise ConfigError(f"base_config: cycle through {path}")
+  data = _read_yaml(path)
+  base = data.pop("base_config", None)
+  if base is None:
+    return data
+  base_path = (path.parent / base) if not os.path.isabs(base) else Path(base)
+  parent = _load_yaml_chain(base_path, seen + (path,))
+  # The child's model_name wins over the parent's.
+  return _deep_merge(parent, data)
+
+
+def _nest(flat: Mapping[str, Any]) -> dict:
+  out: dict = {}
+  for key, v in flat.items():
+    parts = key.split(".")
+    d = out
+    for part in parts[:-1]:
+      d = d.setdefault(part, {})
+      if not isinstance(d, dict):
+        raise ConfigError(f"{key}: {part} is not a section")
+    d[parts[-1]] = v
+  return out
+
+
+def _deep_merge(a: Mapping, b: Mapping) -> dict:
+  out = dict(a)
+  for k, v in b.items():
+    if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+      out[k] = _deep_merge(out[k], v)
+    else:
+      out[k] = v
+  return out
+
+
+def _build(cls, tree, prefix: str):
+  if isinstance(tree, _RawValue):
+    tree = tree.value
+  if not isinstance(tree, Mapping):
+    raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(tree).__name__}")
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  unknown = [k for k in tree if k not in fields and not (prefix == "" and k in _META_KEYS)]
+  if unknown:
+    raise ConfigError(f"{prefix + '.' if prefix else ''}{unknown[0]}: unknown config key "
+                      f"(known in {prefix or 'the top level'}: {sorted(fields)})")
+  hints = typing.get_type_hints(cls)
+  kwargs = {}
+  for name in fields:
+    if name not in tree:
+      continue
+    key = f"{prefix}.{name}" if prefix else name
+    typ = hints[name]
+    kwargs[name] = _build(typ, tree[name], key) if dataclasses.is_dataclass(typ) else _coerce(
+        tree[name], typ, key)
+  return cls(**kwargs)
+
+
+def _coerce(value, typ, key):
+  raw = None
+  if isinstance(value, _RawValue):
+    value, raw = value.value, value.raw
+  origin = typing.get_origin(typ)
+  if origin in (typing.Union, types.UnionType):
+    args = [a for a in typing.get_args(typ) if a is not type(None)]
+    if value is None:
+      return None
+    return _coerce(_RawValue(value, raw), args[0], key)
+  if typ is bool:
+    if isinstance(value, bool):
+      return value
+    raise ConfigError(f"{key}: expected true/false, got {value!r}")
+  if typ is int:
+    if isinstance(value, int) and not isinstance(value, bool):
+      return value
+    if isinstance(value, float) and value.is_integer():
+      return int(value)
+    raise ConfigError(f"{key}: expected an integer, got {value!r}")
+  if typ is float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      return float(value)
+    if isinstance(value, str):
+      try:
+        return float(value)  # YAML 1.1 reads "1e-7" as a string
+      except ValueError:
+        pass
+    raise ConfigError(f"{key}: expected a number, got {value!r}")
+  if typ is str:
+    if raw is not None:
+      return raw
+    if isinstance(value, str):
+      return value
+    raise ConfigError(f"{key}: expected a string, got {value!r}")
+  if typ is tuple or origin is tuple:
+    if isinstance(value, str) and raw is not None:
+      value = [x for x in value.split(",") if x] if "," in value else [value]
+    if not isinstance(value, (list, tuple)):
+      raise ConfigError(f"{key}: expected a list, got {value!r}")
+    return tuple(_freeze(v) for v in value)
+  if typ is dict or origin is dict:
+    if not isinstance(value, Mapping):
+      raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+    return types.MappingProxyType({str(k): _freeze(v) for k, v in value.items()})
+  raise ConfigError(f"{key}: unsupported type {typ}")
+
+
+def _freeze(v):
+  if isinstance(v, list):
+    return tuple(_freeze(x) for x in v)
+  if isinstance(v, dict):
+    return types.MappingProxyType({k: _freeze(x) for k, x in v.items()})
+  return v
+
+
+def _to_plain(obj):
+  if dataclasses.is_dataclass(obj):
+    return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+  if isinstance(obj, Mapping):
+    return {k: _to_plain(v) for k, v in obj.items()}
+  if isinstance(obj, tuple):
+    return [_to_plain(v) for v in obj]
+  return obj
+
+
+def dump_config(cfg: Config) -> str:
+  return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
