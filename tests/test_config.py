@@ -1,0 +1,146 @@
+"""Config system: YAML chain + model files + key=value overrides -> one validated, immutable Config."""
+
+import dataclasses
+
+import pytest
+import yaml
+
+from rsi_jax.config import (CONFIG_DIR, Config, ConfigError, build_config, dump_config, load_config,
+                            load_phase_overlay, with_overrides)
+
+SMOKE = CONFIG_DIR / "smoke.yml"
+
+
+def test_smoke_config_loads_with_model_and_inheritance():
+  cfg = load_config(SMOKE)
+  assert cfg.run.name == "smoke"
+  assert cfg.model.name == "qwen3-tiny" and cfg.model.base_emb_dim == 64
+  # inherited from base.yml, not set in smoke.yml
+  assert cfg.rl.clip_low == 0.30 and cfg.rl.clip_high == 5.00 and cfg.rl.value_clip == 4.00
+  assert cfg.critic_optim.grad_clip == 100.0 and cfg.actor_optim.grad_clip == 1.0
+
+
+def test_paper_defaults():
+  cfg = Config()
+  assert (cfg.actor_optim.b1, cfg.actor_optim.b2, cfg.actor_optim.eps, cfg.actor_optim.weight_decay) == (
+      0.90, 0.98, 1e-8, 0.10)
+  assert cfg.actor_optim.learning_rate == 5e-7 and cfg.critic_optim.learning_rate == 1.5e-5
+  assert cfg.pipeline.rollout_steps == 36 and cfg.pipeline.critic_only_steps == 4
+  assert cfg.rollout.global_batch == 256 and cfg.rollout.requested == 288
+  assert cfg.reward.fallback_divisor == 82.0 and cfg.env.summarize_threshold_tokens == 32_000
+
+
+def test_base_yml_lists_exactly_the_schema():
+  """configs/base.yml documents every key; a field added to the schema must appear there (and vice versa)."""
+  base = yaml.safe_load((CONFIG_DIR / "base.yml").read_text())
+  base.pop("model_name")
+  schema = Config().to_dict()
+  schema.pop("model")
+  assert {k: sorted(v) for k, v in base.items()} == {k: sorted(v) for k, v in schema.items()}
+  # and its values are the schema defaults
+  assert build_config(base).to_dict() == build_config({}).to_dict()
+
+
+@pytest.mark.parametrize("name", ["qwen3-tiny", "qwen3-0.6b", "qwen3-8b", "qwen3-32b"])
+def test_model_files(name):
+  cfg = load_config(SMOKE, [f"model_name={name}"])
+  assert cfg.model.name == name
+  assert cfg.model.base_num_query_heads % cfg.model.base_num_kv_heads == 0
+
+
+def test_real_qwen3_shapes():
+  m = load_config(None, ["model_name=qwen3-8b"]).model
+  assert (m.base_emb_dim, m.base_num_decoder_layers, m.base_num_query_heads, m.base_num_kv_heads,
+          m.head_dim, m.base_mlp_dim, m.logits_via_embedding) == (4096, 36, 32, 8, 128, 12288, False)
+  m = load_config(None, ["model_name=qwen3-0.6b"]).model
+  assert (m.base_emb_dim, m.base_num_decoder_layers, m.logits_via_embedding) == (1024, 28, True)
+
+
+def test_overrides_types_and_raw_strings():
+  cfg = load_config(SMOKE, ["actor_optim.learning_rate=3e-7", "run.name=007", "rollout.top_k=5",
+                            "env.image_map={ubuntu:24.04: rsi-base}", "reward.hygiene_patterns=[^lint, ^fmt]",
+                            "sampler.prefill_buckets=[16,32]", "run.progress=false"])
+  assert cfg.actor_optim.learning_rate == 3e-7
+  assert cfg.run.name == "007"  # str fields get the raw text, not YAML's int 7
+  assert cfg.rollout.top_k == 5 and cfg.run.progress is False
+  assert dict(cfg.env.image_map) == {"ubuntu:24.04": "rsi-base"}
+  assert cfg.reward.hygiene_patterns == ("^lint", "^fmt") and cfg.sampler.prefill_buckets == (16, 32)
+
+
+def test_config_is_immutable():
+  cfg = load_config(SMOKE)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    cfg.rl.clip_low = 0.1
+  with pytest.raises(TypeError):
+    cfg.env.image_map["x"] = "y"
+
+
+def test_phase_overlays():
+  cfg = load_config(SMOKE)
+  rpr2 = with_overrides(cfg, load_phase_overlay("rpr2"))
+  assert rpr2.reward.kind == "spr" and rpr2.actor_optim.learning_rate == 1e-7
+  assert rpr2.pipeline.checkpoint_every == 2 and rpr2.rl.dynamic_balancing
+  rpr1 = with_overrides(cfg, load_phase_overlay("rpr1"))
+  assert rpr1.reward.kind == "fdr" and rpr1.actor_optim.learning_rate == 5e-7
+  assert cfg.reward.kind == "fdr"  # the original is untouched
+  assert load_phase_overlay("no-such-phase") == {}
+
+
+def test_dump_roundtrip():
+  cfg = load_config(SMOKE, ["env.image_map={a: b}"])
+  assert build_config(yaml.safe_load(dump_config(cfg))) == cfg
+
+
+@pytest.mark.parametrize("overrides,key,msg", [
+    (["foo=1"], "foo", "unknown config key"),
+    (["rl.clip_lo=1"], "rl.clip_lo", "unknown config key"),
+    (["rl.clip_low=abc"], "rl.clip_low", "expected a number"),
+    (["rollout.global_batch=2.5"], "rollout.global_batch", "expected an integer"),
+    (["run.progress=maybe"], "run.progress", "expected true/false"),
+    (["actor_optim.learning_rate=-1"], "actor_optim.learning_rate", "must be >= 0"),
+    (["critic_optim.grad_clip=0"], "critic_optim.grad_clip", "must be > 0"),
+    (["rl.gamma_turn=1.5"], "rl.gamma_turn", "must be in [0, 1]"),
+    (["rl.clip_low=1.0"], "rl.clip_low", "must be < 1"),
+    (["rollout.global_batch=6", "mesh.ici_fsdp_parallelism=4"], "rollout.global_batch", "divisible"),
+    (["rollout.requested=2"], "rollout.requested", "must be >= global_batch"),
+    (["rollout.top_p=0"], "rollout.top_p", "must be in (0, 1]"),
+    (["model.base_num_kv_heads=3"], "model.base_num_kv_heads", "must divide"),
+    (["model.dtype=int8"], "model.dtype", "float32/bfloat16"),
+    (["mesh.ici_data_parallelism=-1"], "mesh", "at most one mesh axis may be -1"),
+    (["mesh.ici_tensor_parallelism=0"], "mesh.ici_tensor_parallelism", "must be >= 1 or -1"),
+    (["pipeline.phases=[rsr1, rpr9]"], "pipeline.phases", "unknown phase 'rpr9'"),
+    (["pipeline.critic_only_steps=40"], "pipeline.critic_only_steps", "must be in [0, rollout_steps"),
+    (["reward.kind=xyz"], "reward.kind", "'fdr' or 'spr'"),
+    (["sampler.prefill_buckets=[64, 32]"], "sampler.prefill_buckets", "increasing"),
+    (["sampler.swap_policy=drop"], "sampler.swap_policy", "finish_on_old"),
+    (["env.concurrency=0"], "env.concurrency", "must be > 0"),
+    (["model_name=no-such-model"], "model_name", "no model file"),
+    (["model=3"], "model", "expected a mapping"),
+    (["justakey"], "justakey", "expected key=value"),
+])
+def test_errors_name_the_key(overrides, key, msg):
+  with pytest.raises(ConfigError) as e:
+    load_config(SMOKE, overrides)
+  assert key in str(e.value) and msg in str(e.value)
+
+
+def test_file_errors(tmp_path):
+  with pytest.raises(ConfigError, match="does not exist"):
+    load_config(tmp_path / "nope.yml")
+  bad = tmp_path / "bad.yml"
+  bad.write_text("run: [unclosed")
+  with pytest.raises(ConfigError, match="invalid YAML"):
+    load_config(bad)
+  lst = tmp_path / "list.yml"
+  lst.write_text("- a\n- b\n")
+  with pytest.raises(ConfigError, match="top level must be a mapping"):
+    load_config(lst)
+  a, b = tmp_path / "a.yml", tmp_path / "b.yml"
+  a.write_text("base_config: b.yml\n")
+  b.write_text("base_config: a.yml\n")
+  with pytest.raises(ConfigError, match="cycle"):
+    load_config(a)
+  typo = tmp_path / "typo.yml"
+  typo.write_text(f"base_config: {CONFIG_DIR / 'base.yml'}\nrollout:\n  global_bach: 8\n")
+  with pytest.raises(ConfigError, match=r"rollout\.global_bach: unknown config key"):
+    load_config(typo)
