@@ -1,0 +1,4 @@
+#!/bin/bash
+set -euo pipefail
+cd /app
+tar --exclude='*.tmp' --exclude='__pycache__' -czf backup.tar.gz project
