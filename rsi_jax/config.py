@@ -204,14 +204,22 @@ class SamplerConfig:
   prefill_buckets: tuple = (32, 64, 128, 256)
   max_cache_length: int = 512  # prompt + generated tokens per slot
   swap_policy: str = "finish_on_old"  # finish_on_old | mark
+  prompt_overflow: str = "reject"  # prompt > max_prefill_length: reject (finish "prompt_too_long") | error | truncate_left
+  num_devices: int = 1  # devices of the sampling mesh (all on MaxText's tensor axis)
 
   def validate(self, p):
     _check(self.num_slots > 0, f"{p}.num_slots", f"must be > 0, got {self.num_slots}")
+    _check(self.max_prefill_length > 0, f"{p}.max_prefill_length", f"must be > 0, got {self.max_prefill_length}")
+    _check(self.prompt_overflow in ("reject", "error", "truncate_left"), f"{p}.prompt_overflow",
+           f"must be 'reject', 'error' or 'truncate_left', got {self.prompt_overflow!r}")
+    _check(self.num_devices > 0, f"{p}.num_devices", f"must be > 0, got {self.num_devices}")
     _check(self.max_cache_length >= self.max_prefill_length, f"{p}.max_cache_length",
            f"must be >= max_prefill_length ({self.max_prefill_length})")
     _check(all(b > 0 for b in self.prefill_buckets), f"{p}.prefill_buckets", "must be positive")
     _check(list(self.prefill_buckets) == sorted(self.prefill_buckets), f"{p}.prefill_buckets",
            "must be increasing")
+    _check(all(b <= self.max_prefill_length for b in self.prefill_buckets), f"{p}.prefill_buckets",
+           f"must not exceed max_prefill_length ({self.max_prefill_length})")
     _check(self.swap_policy in ("finish_on_old", "mark"), f"{p}.swap_policy",
            f"must be 'finish_on_old' or 'mark', got {self.swap_policy!r}")
 

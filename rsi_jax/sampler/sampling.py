@@ -1,0 +1,74 @@
+"""Per-row token sampling: temperature, top-k, top-p (nucleus) and greedy, with exact base logprobs.
+
+Every row carries its own parameters and its own PRNG key, so a row's sample depends only on its logits,
+its parameters and its key, never on the other rows of the batch (a request's output does not depend on
+which requests share its decode step).
+
+The logprob returned for a sampled token is ``log_softmax(raw_logits)[token]`` in float32: the probability
+under the model itself, before temperature or truncation, which is what PPO's importance ratio compares
+against the learner's full-forward logprobs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def truncation_mask(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+  """Which tokens survive top-k then top-p truncation.
+
+  Args:
+    scaled: (B, V) float32 temperature-scaled logits.
+    top_k: (B,) int32, 0 = no top-k.
+    top_p: (B,) float32 in (0, 1], 1 = no top-p.
+  Returns:
+    (B, V) bool. Top-k keeps the k largest logits (ties at the k-th value are kept too); top-p then keeps
+    the smallest prefix of the remaining tokens, in descending order, whose probability mass reaches
+    ``top_p`` (the token that crosses the threshold is kept).
+  """
+  vocab = scaled.shape[-1]
+  desc = -jnp.sort(-scaled, axis=-1)  # (B, V) descending
+  k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+  kth = jnp.take_along_axis(desc, (k - 1)[:, None], axis=-1)  # (B, 1)
+  desc = jnp.where(desc >= kth, desc, -jnp.inf)
+  probs = jax.nn.softmax(desc, axis=-1)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs  # mass of the strictly larger tokens
+  keep_sorted = (mass_before < top_p[:, None]) & (desc > -jnp.inf)
+  # The smallest kept value is the threshold; the largest token is always kept.
+  n_keep = jnp.maximum(jnp.sum(keep_sorted, axis=-1), 1)
+  threshold = jnp.take_along_axis(desc, (n_keep - 1)[:, None], axis=-1)
+  return scaled >= threshold
+
+
+def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: jax.Array,
+                  top_p: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """One token per row.
+
+  Args:
+    logits: (B, V) raw logits (any float dtype; computed in float32).
+    keys: (B,) typed PRNG keys, one per row.
+    temperature: (B,) float32; 0 = greedy (argmax).
+    top_k: (B,) int32; 0 = off.
+    top_p: (B,) float32; 1 = off.
+  Returns:
+    tokens (B,) int32 and their logprobs (B,) float32 under ``log_softmax(logits)``.
+  """
+  logits = logits.astype(jnp.float32)
+  greedy = temperature <= 0
+  scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
+  needs_truncation = jnp.any(((top_k > 0) | (top_p < 1)) & ~greedy)
+  # The full-vocabulary sort is only paid for when some row truncates.
+  masked = jax.lax.cond(
+      needs_truncation,
+      lambda s: jnp.where(truncation_mask(s, top_k, top_p), s, -jnp.inf),
+      lambda s: s, scaled)
+  sampled = jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys, masked)
+  tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+  logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
+  return tokens, logprobs
+
+
+def token_key(request_key: jax.Array, index: jax.Array) -> jax.Array:
+  """The key that samples a request's ``index``-th generated token: a pure function of the request's key."""
+  return jax.random.fold_in(request_key, index)
