@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                  if p.is_dir() and ((p / "task.toml").is_file() or (p / "task.yaml").is_file()))
   if args.names:
     tasks = [p for p in tasks if p.name in set(args.names)]
-  header = f"{'task':40s} {'family':18s} {'layout':6s} {'checks':>6s} {'solved':>9s} {'untouched':>9s} {'verify_s':>8s}"
+  header = f"{'task':40s} {'family':22s} {'layout':6s} {'checks':>6s} {'solved':>9s} {'untouched':>9s} {'verify_s':>8s}"
   print(header)
   print("-" * len(header))
   results = []
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     results.append(res)
     solved = f"{res.solved_reward}:{res.solved_passed}/{res.checks}"
     noop = f"{res.noop_reward}:{res.noop_passed}/{res.checks}"
-    print(f"{res.name:40s} {res.family:18s} {res.layout:6s} {res.checks:6d} {solved:>9s} {noop:>9s} "
+    print(f"{res.name:40s} {res.family:22s} {res.layout:6s} {res.checks:6d} {solved:>9s} {noop:>9s} "
           f"{res.verify_s:8.2f}" + ("" if res.ok else "  FAIL: " + "; ".join(res.problems)), flush=True)
   families: dict[str, list[int]] = {}
   for res in results:
