@@ -84,14 +84,15 @@ def image_exists(name: str) -> bool:
 
 
 def rewrite_from(dockerfile: str, base: str) -> str:
-  """Maps every ``FROM`` image that is not present locally (and is not an earlier build stage) to ``base``."""
+  """Maps every ``FROM`` image that is not present locally (and is not an earlier build stage) to ``base``;
+  ``rsi-base`` itself also maps to ``base`` so a candidate base image can be tried under another name."""
   stages: set[str] = set()
   out = []
   for line in dockerfile.splitlines():
     m = re.match(r"^(\s*FROM\s+)(?:--platform=\S+\s+)?(\S+)(\s+AS\s+(\S+))?(.*)$", line, re.I)
     if m:
       image = m.group(2)
-      if image not in stages and not image_exists(image):
+      if image not in stages and (image.split(":")[0] == "rsi-base" or not image_exists(image)):
         line = f"{m.group(1)}{base}{m.group(3) or ''}{m.group(5)}"
       if m.group(4):
         stages.add(m.group(4))
