@@ -233,7 +233,9 @@ class SamplerConfig:
 class EnvConfig:
   tasks_dir: str = "tasks"
   base_image: str = "rsi-base"
-  image_map: dict = dataclasses.field(default_factory=dict)  # upstream base image -> local image
+  # upstream base image (glob, first match wins) -> local image, for images not available locally; merged over
+  # rsi_jax.env.tasks.DEFAULT_IMAGE_MAP (ubuntu:*, debian:*, python:3*, ghcr.io/laude-institute/... -> rsi-base)
+  image_map: dict = dataclasses.field(default_factory=dict)
   docker_hosts: tuple = ()  # () = the local daemon (DOCKER_HOST or the default socket)
   concurrency: int = 4
   network: str = "none"
@@ -244,9 +246,20 @@ class EnvConfig:
   max_turns: int = 32
   summarize_threshold_tokens: int = 32_000
   harness: str = "json"
+  build_network: str = "none"  # network of task image builds: none | host (apt-get from a mirror)
+  pids_limit: int = 512  # per container, unless the task sets environment.pids
 
   def validate(self, p):
     _check(self.concurrency > 0, f"{p}.concurrency", f"must be > 0, got {self.concurrency}")
+    _check(self.network in ("none", "host", "bridge"), f"{p}.network",
+           f"must be none/host/bridge, got {self.network!r}")
+    _check(self.build_network in ("none", "host", "default"), f"{p}.build_network",
+           f"must be none/host/default, got {self.build_network!r}")
+    _check(self.harness in ("json", "xml", "oracle"), f"{p}.harness",
+           f"must be json/xml/oracle, got {self.harness!r}")
+    _check(self.pids_limit > 0, f"{p}.pids_limit", f"must be > 0, got {self.pids_limit}")
+    for k, v in self.image_map.items():
+      _check(isinstance(v, str) and v != "", f"{p}.image_map.{k}", f"must map to an image name, got {v!r}")
     for k in ("command_timeout_s", "agent_timeout_s", "verifier_timeout_s"):
       _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
     for k in ("output_cap_bytes", "max_turns", "summarize_threshold_tokens"):
