@@ -11,7 +11,9 @@ For each task folder (Harbor / Terminal-Bench 2 layout with ``task.toml``, or Te
 3. solved run: a fresh ``--network none`` container, copy the solution in and run it from ``/app``, then
    copy ``tests/`` to ``/tests`` and run the verifier; expect reward 1 and a CTRF report with every check
    passed;
-4. untouched run: a fresh container, run only the verifier; expect reward 0.
+4. untouched run: a fresh container, run only the verifier; expect reward 0;
+5. partial run, where the task has ``solution/partial.sh`` (a deliberately incomplete solution kept for
+   reward tests): expect reward 0 with some but not all checks passed.
 
 It prints one table row per task (family, checks, passed checks in both runs, verifier seconds) and exits
 non-zero when any task misbehaves. The env part's own tests exercise the same tasks through the real
@@ -63,6 +65,8 @@ class Result:
   solved_reward: str = "-"
   noop_passed: int = -1
   noop_reward: str = "-"
+  partial_passed: int = -1
+  partial_reward: str = "-"
   verify_s: float = 0.0
 
   @property
@@ -143,19 +147,20 @@ def build(task: Path, res: Result, base: str) -> str:
   return tag
 
 
-def run_case(tag: str, task: Path, res: Result, *, solve: bool) -> tuple[str, dict | None, float]:
-  """One fresh ``--network none`` container: optionally the solution, then the verifier.
+def run_case(tag: str, task: Path, res: Result, *, solve: str | None) -> tuple[str, dict | None, float]:
+  """One fresh ``--network none`` container: optionally a solution script (``solve.sh`` or another file
+  of ``solution/``), then the verifier.
 
   Returns (reward text, parsed CTRF report or None, verifier wall seconds).
   """
-  name = f"rsi-validate-{task.name}-{'solve' if solve else 'noop'}"
+  name = f"rsi-validate-{task.name}-{(solve or 'noop').split('.')[0]}"
   sh(["docker", "rm", "-f", name])
   sh(["docker", "run", "-d", "--network", "none", "--name", name, tag, "sleep", "infinity"], check=True)
   try:
     if solve:
       if res.layout == "harbor":
         sh(["docker", "cp", f"{task / 'solution'}/.", f"{name}:/solution"], check=True)
-        script = "/solution/solve.sh"
+        script = f"/solution/{solve}"
       else:
         sh(["docker", "cp", str(task / "solution.sh"), f"{name}:/tmp/solution.sh"], check=True)
         script = "/tmp/solution.sh"
@@ -201,7 +206,7 @@ def validate(task: Path, base: str) -> Result:
     return res
   try:
     tag = build(task, res, base)
-    reward, report, secs = run_case(tag, task, res, solve=True)
+    reward, report, secs = run_case(tag, task, res, solve="solve.sh")
     res.solved_reward, res.verify_s = reward, secs
     res.solved_passed, res.checks = summary(report)
     if reward != "1":
@@ -210,13 +215,19 @@ def validate(task: Path, base: str) -> Result:
       res.problems.append(f"solved run passed {res.solved_passed}/{res.checks}")
     if secs > 10.0:
       res.problems.append(f"verifier took {secs:.1f}s (> 10 s)")
-    reward, report, _ = run_case(tag, task, res, solve=False)
+    reward, report, _ = run_case(tag, task, res, solve=None)
     res.noop_reward = reward
     res.noop_passed, total = summary(report)
     if reward != "0":
       res.problems.append(f"untouched run reward {reward}")
     if total != res.checks:
       res.problems.append(f"untouched run collected {total} checks, solved run {res.checks}")
+    if (task / "solution" / "partial.sh").is_file():
+      reward, report, _ = run_case(tag, task, res, solve="partial.sh")
+      res.partial_reward = reward
+      res.partial_passed, total = summary(report)
+      if reward != "0" or not 0 < res.partial_passed < res.checks or total != res.checks:
+        res.problems.append(f"partial run reward {reward} passed {res.partial_passed}/{total}")
   except (RuntimeError, subprocess.TimeoutExpired) as e:
     res.problems.append(str(e)[-500:])
   return res
@@ -235,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                  if p.is_dir() and ((p / "task.toml").is_file() or (p / "task.yaml").is_file()))
   if args.names:
     tasks = [p for p in tasks if p.name in set(args.names)]
-  header = f"{'task':40s} {'family':22s} {'layout':6s} {'checks':>6s} {'solved':>9s} {'untouched':>9s} {'verify_s':>8s}"
+  header = (f"{'task':40s} {'family':22s} {'layout':6s} {'checks':>6s} {'solved':>9s} {'untouched':>9s} "
+            f"{'partial':>9s} {'verify_s':>8s}")
   print(header)
   print("-" * len(header))
   results = []
@@ -244,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     results.append(res)
     solved = f"{res.solved_reward}:{res.solved_passed}/{res.checks}"
     noop = f"{res.noop_reward}:{res.noop_passed}/{res.checks}"
+    partial = f"{res.partial_reward}:{res.partial_passed}/{res.checks}" if res.partial_passed >= 0 else "-"
     print(f"{res.name:40s} {res.family:22s} {res.layout:6s} {res.checks:6d} {solved:>9s} {noop:>9s} "
-          f"{res.verify_s:8.2f}" + ("" if res.ok else "  FAIL: " + "; ".join(res.problems)), flush=True)
+          f"{partial:>9s} {res.verify_s:8.2f}" + ("" if res.ok else "  FAIL: " + "; ".join(res.problems)), flush=True)
   families: dict[str, list[int]] = {}
   for res in results:
     families.setdefault(res.family, []).append(res.checks)
