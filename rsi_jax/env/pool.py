@@ -1,0 +1,218 @@
+"""Episodes and the environment pool: build → sandbox → agent → protected verifier → result.
+
+:func:`run_episode` runs one task under one harness and never raises for infrastructure problems: a failed
+build, a daemon error on create, a container that dies, a verifier that hangs or crashes all become an
+:class:`EpisodeResult` with ``infra_failure=True`` and a ``failure_kind``, which training masks out and the
+pool counts. :class:`EnvPool` runs many episodes concurrently (a thread per running episode, at most
+``concurrency``) across one or more Docker endpoints, each episode on the least-loaded endpoint.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from rsi_jax.env.harness import AgentRun, Harness, Segment, Turn
+from rsi_jax.env.sandbox import (DOCKER_ERROR, DockerSandbox, SandboxError, build_task_image,
+                                 docker_client, install_signal_handlers, reap_orphans)
+from rsi_jax.env.tasks import Task, effective_image_map
+from rsi_jax.env.verifier import VerifierRun, verify
+from rsi_jax.rl.ctrf import VerificationOutcome, verification_outcome
+
+log = logging.getLogger(__name__)
+
+AGENT_ERROR = "agent_error"  # the harness or policy raised (not the agent's behaviour: masked, counted)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSettings:
+  """What an episode needs from ``EnvConfig`` (see :meth:`from_config`)."""
+  run_id: str = "dev"
+  image_map: Mapping[str, str] = dataclasses.field(default_factory=lambda: effective_image_map({}))
+  build_network: str = "none"
+  network: str = "none"
+  output_cap_bytes: int = 10_000
+  command_timeout_s: float = 60.0
+  agent_timeout_s: float | None = None  # None: the task's own
+  verifier_timeout_s: float | None = None  # None: the task's own
+  hygiene_patterns: tuple = ()
+  pids_limit: int = 512  # unless the task sets its own
+
+  @classmethod
+  def from_config(cls, cfg, run_id: str, hygiene_patterns=()) -> "EnvSettings":
+    """From an ``EnvConfig``: the config's timeouts cap the tasks' own."""
+    return cls(run_id=run_id, image_map=effective_image_map(cfg.image_map, cfg.base_image),
+               build_network=cfg.build_network, pids_limit=cfg.pids_limit,
+               network=cfg.network, output_cap_bytes=cfg.output_cap_bytes,
+               command_timeout_s=cfg.command_timeout_s, agent_timeout_s=cfg.agent_timeout_s,
+               verifier_timeout_s=cfg.verifier_timeout_s, hygiene_patterns=tuple(hygiene_patterns))
+
+
+@dataclasses.dataclass
+class EpisodeResult:
+  task: str
+  family: str
+  harness: str
+  run_id: str
+  episode_id: str
+  outcome: VerificationOutcome  # state ok / invalid_report / infra_failure, success S, passed P, total N
+  turns: list[Turn] = dataclasses.field(default_factory=list)
+  segments: list[Segment] = dataclasses.field(default_factory=list)
+  stop_reason: str = ""
+  failure_kind: str = ""  # "" or a sandbox / verifier / agent failure kind
+  error: str = ""
+  verifier_output: str = ""
+  prompt_tokens: int = 0
+  generated_tokens: int = 0
+  build_s: float = 0.0
+  start_s: float = 0.0  # container start latency
+  agent_s: float = 0.0
+  verify_s: float = 0.0
+  total_s: float = 0.0
+  endpoint: str = ""
+
+  @property
+  def infra_failure(self) -> bool:
+    return self.outcome.state.value == "infra_failure"
+
+  @property
+  def success(self) -> int | None:
+    return self.outcome.success
+
+  def summary(self) -> dict:
+    o = self.outcome
+    return {"task": self.task, "family": self.family, "harness": self.harness, "state": o.state.value,
+            "success": o.success, "passed": o.passed, "total": o.total, "stop": self.stop_reason,
+            "failure_kind": self.failure_kind, "turns": len(self.turns), "total_s": round(self.total_s, 2)}
+
+
+def run_episode(task: Task, harness: Harness, client, settings: EnvSettings, *, episode_id: str = "",
+                endpoint: str = "") -> EpisodeResult:
+  """One episode of ``task`` under ``harness``; infrastructure failures are recorded, not raised."""
+  t0 = time.time()
+  episode_id = episode_id or uuid.uuid4().hex[:12]
+  res = EpisodeResult(task.name, task.family, harness.name, settings.run_id, episode_id,
+                      verification_outcome(infra_error="not run"), endpoint=endpoint)
+  agent_timeout = min(task.agent_timeout_s, settings.agent_timeout_s or task.agent_timeout_s)
+  verifier_timeout = min(task.verifier_timeout_s, settings.verifier_timeout_s or task.verifier_timeout_s)
+  try:
+    image = build_task_image(client, task, settings.image_map, network=settings.build_network)
+    res.build_s = time.time() - t0
+    box = DockerSandbox(client, image, run_id=settings.run_id, task_name=task.name, episode_id=episode_id,
+                        cpus=task.cpus, memory_bytes=task.memory_bytes,
+                        pids_limit=task.pids_limit or settings.pids_limit,
+                        network=settings.network, output_cap_bytes=settings.output_cap_bytes,
+                        command_timeout_s=settings.command_timeout_s)
+    with box:
+      res.start_s = box.start_latency_s or 0.0
+      try:
+        run: AgentRun = harness.run(box, task, deadline=time.time() + agent_timeout)
+      except SandboxError:
+        raise
+      except Exception as e:  # noqa: BLE001 - a policy / harness bug must not take the pool down
+        log.exception("%s: harness %s failed", task.name, harness.name)
+        res.failure_kind, res.error = AGENT_ERROR, f"{type(e).__name__}: {e}"
+        res.outcome = verification_outcome(infra_error=res.error)
+        return res
+      res.turns, res.segments, res.stop_reason = run.turns, run.segments, run.stop_reason
+      res.prompt_tokens, res.generated_tokens, res.agent_s = run.prompt_tokens, run.generated_tokens, run.duration_s
+      v: VerifierRun = verify(box, task, timeout_s=verifier_timeout, hygiene_patterns=settings.hygiene_patterns)
+      res.outcome, res.verifier_output, res.verify_s = v.outcome, v.output, v.duration_s
+      res.failure_kind = v.failure_kind
+      if v.tampered:
+        res.error = f"tampered: {list(v.tampered[:5])}"
+  except SandboxError as e:
+    res.failure_kind, res.error = e.kind, str(e)
+    res.outcome = verification_outcome(infra_error=str(e))
+  finally:
+    res.total_s = time.time() - t0
+  return res
+
+
+class EnvPool:
+  """Concurrent episodes over one or more Docker endpoints.
+
+  ``hosts``: endpoint URLs (``unix://...``, ``tcp://host:2375``, ``ssh://...``); empty = the local daemon.
+  ``concurrency``: episodes running at once, over all endpoints."""
+
+  def __init__(self, settings: EnvSettings, *, hosts: Sequence[str] = (), concurrency: int = 4,
+               reap: bool = True):
+    install_signal_handlers()
+    self.settings = settings
+    self.hosts = list(hosts) or [""]
+    self.clients = {h: docker_client(h or None, pool_size=max(16, 2 * concurrency)) for h in self.hosts}
+    if reap:
+      for c in self.clients.values():
+        reap_orphans(c)
+    self.concurrency = concurrency
+    self._load = {h: 0 for h in self.hosts}
+    self._lock = threading.Lock()
+    self._executor = cf.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="env")
+    self.counts = collections.Counter()  # episodes, infra failures by kind
+
+  @classmethod
+  def from_config(cls, cfg, run_id: str, hygiene_patterns=()) -> "EnvPool":
+    """From an ``EnvConfig`` (``docker_hosts``, ``concurrency`` and the episode settings)."""
+    return cls(EnvSettings.from_config(cfg, run_id, hygiene_patterns), hosts=cfg.docker_hosts,
+               concurrency=cfg.concurrency)
+
+  def _acquire(self) -> str:
+    with self._lock:
+      h = min(self.hosts, key=lambda x: self._load[x])
+      self._load[h] += 1
+      return h
+
+  def _release(self, h: str):
+    with self._lock:
+      self._load[h] -= 1
+
+  def _one(self, task: Task, harness: Harness, episode_id: str) -> EpisodeResult:
+    h = self._acquire()
+    try:
+      r = run_episode(task, harness, self.clients[h], self.settings, episode_id=episode_id, endpoint=h)
+    except Exception as e:  # noqa: BLE001 - keep the pool's accounting whole
+      log.exception("%s: episode failed outside the sandbox", task.name)
+      r = EpisodeResult(task.name, task.family, harness.name, self.settings.run_id, episode_id,
+                        verification_outcome(infra_error=str(e)), failure_kind=DOCKER_ERROR, error=str(e),
+                        endpoint=h)
+    finally:
+      self._release(h)
+    with self._lock:
+      self.counts["episodes"] += 1
+      if r.infra_failure:
+        self.counts["infra_failures"] += 1
+        self.counts[f"infra:{r.failure_kind or 'unknown'}"] += 1
+    return r
+
+  def submit(self, task: Task, harness: Harness | Callable[[], Harness], episode_id: str = "") -> cf.Future:
+    """Start one episode; the future's result is its :class:`EpisodeResult`. ``harness`` may be a factory
+    (a harness holds per-episode state only in ``run``, so one instance may also be shared)."""
+    h = harness() if callable(harness) and not isinstance(harness, Harness) else harness
+    return self._executor.submit(self._one, task, h, episode_id or uuid.uuid4().hex[:12])
+
+  def run(self, jobs: Iterable[tuple[Task, Harness | Callable[[], Harness]]]) -> list[EpisodeResult]:
+    """Run (task, harness) jobs concurrently; results in job order."""
+    futs = [self.submit(t, h) for t, h in jobs]
+    return [f.result() for f in futs]
+
+  def prebuild(self, tasks: Iterable[Task]):
+    """Build every task's image on every endpoint (concurrently), so episodes start at once."""
+    futs = [self._executor.submit(build_task_image, c, t, self.settings.image_map, self.settings.build_network)
+            for t in tasks for c in self.clients.values()]
+    for f in futs:
+      f.result()
+
+  def close(self):
+    self._executor.shutdown(wait=True, cancel_futures=True)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()

@@ -1,0 +1,513 @@
+"""Docker terminal sandboxes: one locked-down container per episode with a persistent shell (SPEC §6–7).
+
+A container runs with ``--network none``, every capability dropped, ``no-new-privileges``, CPU / memory / pids
+limits from the task, and labels (``rsi_jax.run``, ``rsi_jax.task``, ``rsi_jax.episode`` plus the owning host
+and pid, which let :func:`reap_orphans` remove what a crashed run left behind).
+
+The persistent shell: every command runs in a fresh ``bash`` that first restores the episode's shell state
+(working directory and exported variables, saved by the previous command's exit trap), so ``cd`` and
+``export`` survive between commands while a hung or killed command can never wedge the shell: recovery is
+the next command. Every ``docker exec`` process is a session and process-group leader, so a watchdog (in
+a session of its own) kills the command's whole process group at the timeout, background jobs it started
+included. Output goes to a file in the container, not to the exec stream, so a
+background job that keeps its stdout open cannot hold a command open; it comes back capped
+(``output_cap_bytes``, the middle elided).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import hashlib
+import io
+import logging
+import os
+import shutil
+import signal
+import socket
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from rsi_jax.env.tasks import Task, rewrite_dockerfile
+
+log = logging.getLogger(__name__)
+
+LABEL_RUN = "rsi_jax.run"
+LABEL_TASK = "rsi_jax.task"
+LABEL_EPISODE = "rsi_jax.episode"
+LABEL_HOST = "rsi_jax.host"
+LABEL_PID = "rsi_jax.pid"
+TASK_IMAGE_PREFIX = "rsi-task-"
+SHELL_DIR = "/tmp/.rsi_shell"
+# PATH for the verifier and helper execs: fixed, never the agent's.
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Failure kinds (EpisodeResult.failure_kind / SandboxError.kind).
+CONTAINER_DIED = "container_died"
+DOCKER_ERROR = "docker_error"
+CREATE_FAILED = "create_failed"
+BUILD_FAILED = "build_failed"
+VERIFIER_TIMEOUT = "verifier_timeout"
+VERIFIER_ERROR = "verifier_error"
+
+# PID 1: a bash that reaps orphans, survives `kill -9 -1` (PID 1 is exempt) and stops promptly on SIGTERM.
+INIT_CMD = ["/bin/bash", "-c", "trap 'exit 0' TERM INT; while :; do /usr/bin/sleep 86400 & wait $!; done"]
+
+# One agent command. argv: $1 command id, $2 timeout (s), $3 output cap (bytes); env RSI_CMD: the command.
+_SHELL_SCRIPT = r"""
+__rsi_d=/tmp/.rsi_shell; __rsi_id=$1; __rsi_o=$__rsi_d/out.$1
+/usr/bin/mkdir -p "$__rsi_d"
+/usr/bin/setsid /bin/bash -c '/usr/bin/sleep "$1"; : > "$2"; kill -KILL -- -"$3"' _ "$2" \
+  "$__rsi_d/timeout.$1" $$ </dev/null >/dev/null 2>&1 &
+__rsi_wd=$!
+__rsi_cap=$3
+exec 3>&1 1>/dev/null 2>/dev/null
+[ -f "$__rsi_d/state" ] && . "$__rsi_d/state"
+__rsi_exit() {
+  __rsi_rc=$?
+  { export -p; printf 'cd -- %q\n' "$PWD"; } > "$__rsi_d/state.tmp" && /usr/bin/mv -f "$__rsi_d/state.tmp" "$__rsi_d/state"
+  kill -KILL -- -"$__rsi_wd"
+  __rsi_n=$(/usr/bin/stat -c %s "$__rsi_o" || echo 0)
+  if [ "$__rsi_n" -le "$__rsi_cap" ]; then /usr/bin/cat "$__rsi_o" >&3
+  else
+    /usr/bin/head -c $((__rsi_cap / 2)) "$__rsi_o" >&3
+    printf '\n[... %d bytes of output elided ...]\n' $((__rsi_n - __rsi_cap)) >&3
+    /usr/bin/tail -c $((__rsi_cap - __rsi_cap / 2)) "$__rsi_o" >&3
+  fi
+  /usr/bin/rm -f "$__rsi_o"
+  printf '\036RSI:%d\036' "$__rsi_rc" >&3
+  exit $__rsi_rc
+}
+trap __rsi_exit EXIT
+__rsi_c=$RSI_CMD; unset RSI_CMD
+eval "$__rsi_c" >"$__rsi_o" 2>&1 </dev/null 3>&-
+"""
+
+_END = b"\x1eRSI:"  # the exit trap's trailer: output, then \x1eRSI:<exit code>\x1e
+
+# After a timeout kill: what the command had printed, capped the same way. argv: $1 id, $2 cap.
+_COLLECT_SCRIPT = r"""
+o=/tmp/.rsi_shell/out.$1; cap=$2
+[ -f /tmp/.rsi_shell/timeout.$1 ] && echo TIMEOUT || echo KILLED
+n=$(stat -c %s "$o" 2>/dev/null || echo 0)
+if [ "$n" -le "$cap" ]; then cat "$o" 2>/dev/null
+else head -c $((cap / 2)) "$o"; printf '\n[... %d bytes of output elided ...]\n' $((n - cap)); tail -c $((cap - cap / 2)) "$o"; fi
+rm -f "$o" /tmp/.rsi_shell/timeout.$1
+"""
+
+# A trusted command with a fixed environment and a hard timeout on its whole process group. argv: cmd...
+_RAW_SCRIPT = r"""
+/usr/bin/setsid /bin/bash -c '/usr/bin/sleep "$1"; kill -KILL -- -"$2"' _ "$RSI_TIMEOUT" $$ \
+  </dev/null >/dev/null 2>&1 &
+w=$!
+disown "$w"
+"$@"
+rc=$?
+kill -KILL -- -"$w" 2>/dev/null
+exit $rc
+"""
+
+
+class SandboxError(RuntimeError):
+  """An infrastructure failure (not the agent's doing). ``kind`` is one of the failure kinds above."""
+
+  def __init__(self, kind: str, message: str):
+    super().__init__(f"{kind}: {message}")
+    self.kind = kind
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandResult:
+  output: str  # stdout and stderr interleaved, capped (middle elided)
+  exit_code: int  # 124 on timeout
+  timed_out: bool
+  duration_s: float
+
+
+# ------------------------------------------------------------------------------------------------ clients
+
+_CLIENTS: dict = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def docker_client(host: str | None = None, timeout_s: float = 900.0, pool_size: int = 64):
+  """A shared client for one endpoint: None / "" = the local daemon (DOCKER_HOST or the default socket),
+  else a ``unix://``, ``tcp://`` or ``ssh://`` URL. Raises SandboxError(docker_error) if it does not answer."""
+  key = (host or "", timeout_s, pool_size)
+  with _CLIENTS_LOCK:
+    c = _CLIENTS.get(key)
+    if c is None:
+      try:
+        if host:
+          c = docker.DockerClient(base_url=host, timeout=int(timeout_s), max_pool_size=pool_size)
+        else:
+          c = docker.from_env(timeout=int(timeout_s), max_pool_size=pool_size)
+        c.ping()
+      except docker.errors.DockerException as e:
+        raise SandboxError(DOCKER_ERROR, f"no Docker daemon answers at {host or 'the local socket'}: {e}")
+      _CLIENTS[key] = c
+  return c
+
+
+# ------------------------------------------------------------------------------------------------ images
+
+_BUILD_LOCKS: dict[str, threading.Lock] = {}
+_BUILD_LOCKS_LOCK = threading.Lock()
+
+
+def _image_exists(client, name: str) -> bool:
+  try:
+    client.images.get(name)
+    return True
+  except docker.errors.ImageNotFound:
+    return False
+  except docker.errors.APIError:
+    return False
+
+
+def _context_files(task: Task) -> list[Path]:
+  root = task.context_dir
+  out = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    rel = Path(dirpath).relative_to(root)
+    if rel == Path("."):
+      dirnames[:] = [d for d in dirnames if d not in task.context_exclude]
+      filenames = [f for f in filenames if f not in task.context_exclude]
+    dirnames.sort()
+    out += [Path(dirpath) / f for f in sorted(filenames)]
+  return out
+
+
+def task_image_tag(client, task: Task, image_map: Mapping[str, str]) -> tuple[str, str, list]:
+  """(tag, rewritten Dockerfile, FROM rewrites). The tag hashes the build context, the rewritten Dockerfile
+  and the ids of the base images it names, so a changed task or a rebuilt base image gives a new tag."""
+  text, changes = rewrite_dockerfile(task.dockerfile.read_text(), image_map,
+                                     lambda n: _image_exists(client, n), where=str(task.dockerfile))
+  h = hashlib.sha256(text.encode())
+  for line in text.splitlines():
+    parts = line.split()
+    if parts and parts[0].upper() == "FROM":
+      base = next((p for p in parts[1:] if not p.startswith("--")), "")
+      try:
+        h.update(client.images.get(base).id.encode())
+      except docker.errors.DockerException:
+        h.update(base.encode())
+  for f in _context_files(task):
+    if f == task.dockerfile:
+      continue
+    h.update(str(f.relative_to(task.context_dir)).encode() + b"\0" + oct(f.stat().st_mode & 0o777).encode())
+    h.update(hashlib.sha256(f.read_bytes()).digest())
+  return f"{TASK_IMAGE_PREFIX}{task.name.lower()}:{h.hexdigest()[:16]}", text, changes
+
+
+def build_task_image(client, task: Task, image_map: Mapping[str, str] = {}, network: str = "none") -> str:
+  """Build (or reuse) the task's image; returns its tag. Raises SandboxError(build_failed)."""
+  try:
+    tag, dockerfile_text, _ = task_image_tag(client, task, image_map)
+  except docker.errors.DockerException as e:
+    raise SandboxError(DOCKER_ERROR, f"{task.name}: {e}") from None
+  with _BUILD_LOCKS_LOCK:
+    lock = _BUILD_LOCKS.setdefault(tag, threading.Lock())
+  with lock:
+    if _image_exists(client, tag):
+      return tag
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="rsi-build-") as tmp:
+      for f in _context_files(task):
+        dst = Path(tmp) / f.relative_to(task.context_dir)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, dst)
+      (Path(tmp) / "Dockerfile").write_text(dockerfile_text)
+      try:
+        client.images.build(path=tmp, dockerfile="Dockerfile", tag=tag, rm=True, forcerm=True,
+                            network_mode=network, labels={LABEL_TASK: task.name},
+                            timeout=int(task.build_timeout_s))
+      except docker.errors.BuildError as e:
+        tail = "".join(str(x.get("stream", x.get("error", ""))) for x in list(e.build_log)[-8:])
+        raise SandboxError(BUILD_FAILED, f"{task.name}: {e.msg}\n{tail}") from None
+      except docker.errors.DockerException as e:
+        raise SandboxError(BUILD_FAILED, f"{task.name}: {e}") from None
+    log.info("built %s for task %s in %.1fs", tag, task.name, time.time() - t0)
+    return tag
+
+
+# ---------------------------------------------------------------------------------------------- teardown
+
+_LIVE: dict[str, "DockerSandbox"] = {}
+_LIVE_LOCK = threading.Lock()
+
+
+def _remove_all_live():
+  with _LIVE_LOCK:
+    boxes = list(_LIVE.values())
+  for b in boxes:
+    b.close()
+
+
+atexit.register(_remove_all_live)
+
+
+def install_signal_handlers():
+  """Turn SIGTERM into SystemExit so ``finally`` / ``with`` teardown runs (SIGINT already raises
+  KeyboardInterrupt). Only possible from the main thread; a no-op elsewhere."""
+  if threading.current_thread() is not threading.main_thread():
+    return
+
+  def _raise(signum, frame):
+    raise SystemExit(128 + signum)
+
+  if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+    signal.signal(signal.SIGTERM, _raise)
+
+
+def reap_containers(client, run_id: str | None = None) -> int:
+  """Remove every container labelled by rsi_jax (or by one run). Returns how many were removed."""
+  label = LABEL_RUN if run_id is None else f"{LABEL_RUN}={run_id}"
+  n = 0
+  for c in client.containers.list(all=True, filters={"label": label}):
+    try:
+      c.remove(force=True)
+      n += 1
+    except docker.errors.NotFound:
+      pass
+  return n
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def reap_orphans(client) -> int:
+  """Remove labelled containers whose owning process (on this host) no longer runs: what crashed runs
+  left behind. Containers owned by live processes or other hosts are kept."""
+  n = 0
+  me = socket.gethostname()
+  for c in client.containers.list(all=True, filters={"label": LABEL_RUN}):
+    labels = c.labels or {}
+    try:
+      pid = int(labels.get(LABEL_PID, "0"))
+    except ValueError:
+      pid = 0
+    if labels.get(LABEL_HOST) == me and pid > 0 and _pid_alive(pid):
+      continue
+    if labels.get(LABEL_HOST) not in (me, None):
+      continue
+    try:
+      c.remove(force=True)
+      n += 1
+    except docker.errors.NotFound:
+      pass
+  if n:
+    log.warning("removed %d container(s) left by crashed runs", n)
+  return n
+
+
+# ----------------------------------------------------------------------------------------------- sandbox
+
+
+class DockerSandbox:
+  """One episode's container. Use as a context manager; :meth:`close` is idempotent and always safe."""
+
+  def __init__(self, client, image: str, *, run_id: str, task_name: str = "", episode_id: str = "",
+               cpus: float = 1.0, memory_bytes: int = 2 << 30, pids_limit: int = 512,
+               network: str = "none", output_cap_bytes: int = 10_000, command_timeout_s: float = 60.0):
+    self.client = client
+    self.image = image
+    self.run_id, self.task_name = run_id, task_name
+    self.episode_id = episode_id or uuid.uuid4().hex[:12]
+    self.cpus, self.memory_bytes, self.pids_limit = cpus, memory_bytes, pids_limit
+    self.network = network
+    self.output_cap_bytes = output_cap_bytes
+    self.command_timeout_s = command_timeout_s
+    self.container = None
+    self.start_latency_s = None
+    self._n = 0
+    self._closed = False
+
+  # -- lifecycle
+
+  def start(self) -> "DockerSandbox":
+    t0 = time.time()
+    labels = {LABEL_RUN: self.run_id, LABEL_TASK: self.task_name, LABEL_EPISODE: self.episode_id,
+              LABEL_HOST: socket.gethostname(), LABEL_PID: str(os.getpid())}
+    try:
+      self.container = self.client.containers.run(
+          self.image, INIT_CMD, detach=True, labels=labels, network_mode=self.network,
+          cap_drop=["ALL"], security_opt=["no-new-privileges"], nano_cpus=int(self.cpus * 1e9),
+          mem_limit=self.memory_bytes, memswap_limit=self.memory_bytes, pids_limit=self.pids_limit,
+          hostname="sandbox", stdin_open=False, tty=False)
+    except docker.errors.DockerException as e:
+      # A create that failed half way may still have left a container behind.
+      for c in self.client.containers.list(all=True, filters={"label": f"{LABEL_EPISODE}={self.episode_id}"}):
+        c.remove(force=True)
+      raise SandboxError(CREATE_FAILED, f"{self.task_name}: {e}") from None
+    with _LIVE_LOCK:
+      _LIVE[self.container.id] = self
+    self.start_latency_s = time.time() - t0
+    return self
+
+  def close(self):
+    if self._closed or self.container is None:
+      self._closed = True
+      return
+    self._closed = True
+    with _LIVE_LOCK:
+      _LIVE.pop(self.container.id, None)
+    try:
+      self.container.remove(force=True)
+    except docker.errors.NotFound:
+      pass
+    except docker.errors.DockerException as e:
+      log.warning("could not remove container %s: %s", self.container.short_id, e)
+
+  def __enter__(self):
+    return self.start() if self.container is None else self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  def is_running(self) -> bool:
+    try:
+      self.container.reload()
+      return self.container.status == "running"
+    except docker.errors.DockerException:
+      return False
+
+  def _check_alive(self, what: str):
+    if not self.is_running():
+      raise SandboxError(CONTAINER_DIED, f"container of {self.task_name} is gone during {what}")
+
+  # -- commands
+
+  def run(self, command: str, timeout_s: float | None = None) -> CommandResult:
+    """Run one agent command in the persistent shell (cwd and exported variables carry over)."""
+    timeout_s = float(timeout_s or self.command_timeout_s)
+    self._n += 1
+    n = self._n
+    t0 = time.time()
+    try:
+      res = self.container.exec_run(
+          ["/bin/bash", "-c", _SHELL_SCRIPT, "bash", str(n), f"{timeout_s:g}",
+           str(self.output_cap_bytes)], environment={"RSI_CMD": command}, demux=False)
+    except docker.errors.DockerException as e:
+      self._check_alive("a command")
+      raise SandboxError(DOCKER_ERROR, f"exec failed: {e}") from None
+    dt = time.time() - t0
+    out = res.output or b""
+    end = out.rfind(_END)
+    if end < 0:
+      # The shell was killed: by its watchdog (timeout), by the agent itself, or with the container.
+      self._check_alive("a command")
+      col = self.exec_raw(["/bin/bash", "-c", _COLLECT_SCRIPT, "bash", str(n), str(self.output_cap_bytes)],
+                          timeout_s=30)
+      status, _, out = col.output.partition("\n")
+      if status == "TIMEOUT":
+        msg = f"\n[command timed out after {timeout_s:g}s and was killed]"
+        return CommandResult(out + msg, 124, True, dt)
+      return CommandResult(out, 137, False, dt)
+    code = int(out[end + len(_END):].rstrip(b"\x1e") or res.exit_code or 0)
+    return CommandResult(out[:end].decode("utf-8", "replace"), code, False, dt)
+
+  def exec_raw(self, argv: list[str], *, timeout_s: float, env: Mapping[str, str] | None = None,
+               workdir: str = "/", cap_bytes: int | None = None) -> CommandResult:
+    """Run a trusted command (not through the agent's shell state) with a fixed environment; its whole
+    process group is killed at the timeout."""
+    environment = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "HOME": "/root", "RSI_TIMEOUT": f"{timeout_s:g}"}
+    environment.update(env or {})
+    t0 = time.time()
+    try:
+      res = self.container.exec_run(["/bin/bash", "-c", _RAW_SCRIPT, "bash", *argv],
+                                    environment=environment, workdir=workdir, demux=False)
+    except docker.errors.DockerException as e:
+      self._check_alive(argv[0])
+      raise SandboxError(DOCKER_ERROR, f"exec failed: {e}") from None
+    dt = time.time() - t0
+    out = (res.output or b"")
+    if cap_bytes is not None and len(out) > cap_bytes:
+      out = out[:cap_bytes // 2] + b"\n[... output elided ...]\n" + out[-(cap_bytes - cap_bytes // 2):]
+    code = 137 if res.exit_code is None else int(res.exit_code)
+    killed = code == 137
+    timed_out = killed and dt >= timeout_s - 0.5
+    if killed and not timed_out:
+      self._check_alive(argv[0])
+    return CommandResult(out.decode("utf-8", "replace"), code, timed_out, dt)
+
+  # -- files
+
+  def put_files(self, files: Mapping[str, bytes | str | Path], mode: int = 0o644):
+    """Write files into the container: {absolute container path: content bytes/str or a host Path}."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+      for dst, src in files.items():
+        if isinstance(src, Path):
+          data, m = src.read_bytes(), src.stat().st_mode & 0o777
+        else:
+          data, m = (src.encode() if isinstance(src, str) else src), mode
+        info = tarfile.TarInfo(dst.lstrip("/"))
+        info.size, info.mode, info.mtime = len(data), m, int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+    self._put_archive(buf.getvalue())
+
+  def put_dir(self, host_dir: str | Path, container_dir: str, extra: Iterable[Path] = ()):
+    """Copy a host folder's content (and extra files) into ``container_dir`` (created, modes kept)."""
+    host_dir = Path(host_dir)
+    buf = io.BytesIO()
+    base = container_dir.strip("/")
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+      tar.add(host_dir, arcname=base, recursive=True, filter=_root_owned)
+      for f in extra:
+        tar.add(f, arcname=f"{base}/{Path(f).name}", filter=_root_owned)
+    self._put_archive(buf.getvalue())
+
+  def _put_archive(self, data: bytes):
+    try:
+      ok = self.container.put_archive("/", data)
+    except docker.errors.DockerException as e:
+      self._check_alive("a copy")
+      raise SandboxError(DOCKER_ERROR, f"copy into container failed: {e}") from None
+    if not ok:
+      raise SandboxError(DOCKER_ERROR, "copy into container failed")
+
+  def get_file(self, path: str, max_bytes: int = 16 << 20) -> bytes | None:
+    """A regular file's content from the container (None if it does not exist or is not a file)."""
+    try:
+      stream, _ = self.container.get_archive(path)
+    except docker.errors.NotFound:
+      return None
+    except docker.errors.DockerException as e:
+      self._check_alive("a copy")
+      raise SandboxError(DOCKER_ERROR, f"copy out of container failed: {e}") from None
+    raw = b"".join(stream)
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+      m = tar.next()
+      if m is None or not m.isfile():
+        return None
+      return tar.extractfile(m).read(max_bytes)
+
+  def changed_paths(self) -> list[str]:
+    """Paths added, changed or deleted relative to the image (``docker diff``)."""
+    try:
+      return [d["Path"] for d in (self.container.diff() or [])]
+    except docker.errors.DockerException as e:
+      self._check_alive("a diff")
+      raise SandboxError(DOCKER_ERROR, f"diff failed: {e}") from None
+
+
+def _root_owned(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+  ti.uid = ti.gid = 0
+  ti.uname = ti.gname = "root"
+  return ti

@@ -1,0 +1,302 @@
+"""Terminal task loading: Harbor / Terminal-Bench 2 and Terminal-Bench 1 folders, read unchanged (SPEC §6).
+
+Harbor / TB2 layout (``task.toml`` marks it)::
+
+    <task>/instruction.md            public instruction shown to the agent
+    <task>/task.toml                 [metadata] difficulty, category, tags; [verifier] timeout_sec;
+                                     [agent] timeout_sec; [environment] cpus, memory ("2G"), storage, ...
+    <task>/environment/Dockerfile    build context = environment/
+    <task>/tests/test.sh             protected verifier (+ test files); copied to /tests after the agent
+    <task>/solution/solve.sh         reference solution
+
+Terminal-Bench 1 layout (``task.yaml`` marks it)::
+
+    <task>/task.yaml                 instruction, difficulty, category, tags, max_agent_timeout_sec,
+                                     max_test_timeout_sec, parser_name, ...
+    <task>/Dockerfile                build context = the task folder (minus tests and solution)
+    <task>/run-tests.sh, tests/      copied together to /tests after the agent (TEST_DIR=/tests)
+    <task>/solution.sh               reference solution
+
+Upstream base images are unreachable here (no registry), so :func:`resolve_base_image` rewrites a ``FROM``
+that is not available locally through the configured image map (glob patterns, first match wins).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import logging
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+LAYOUT_HARBOR = "harbor"
+LAYOUT_TB1 = "tb1"
+DEFAULT_AGENT_TIMEOUT_S = 900.0
+DEFAULT_VERIFIER_TIMEOUT_S = 300.0
+DEFAULT_BUILD_TIMEOUT_S = 600.0
+DEFAULT_MEMORY = "2G"
+DEFAULT_CPUS = 1.0
+# Upstream base images -> the local base (env.base_image); env.image_map entries take precedence.
+DEFAULT_IMAGE_MAP = ("ubuntu:*", "debian:*", "python:3*", "buildpack-deps:*", "ghcr.io/laude-institute/*")
+# Files of a TB1 task folder that never enter its build context (the agent must not find them in the image).
+TB1_PRIVATE = ("tests", "solution.sh", "run-tests.sh", "task.yaml", "docker-compose.yaml",
+               "docker-compose.yml")
+
+
+class TaskError(ValueError):
+  """A malformed task folder. The message names the file and, where it applies, the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """One terminal task, as loaded from its folder."""
+  name: str  # folder name, unique within a suite
+  path: Path
+  layout: str  # LAYOUT_HARBOR | LAYOUT_TB1
+  instruction: str
+  family: str  # metadata category; the reward's family f
+  difficulty: str
+  tags: tuple[str, ...]
+  agent_timeout_s: float
+  verifier_timeout_s: float
+  build_timeout_s: float
+  cpus: float
+  memory_bytes: int
+  pids_limit: int | None  # None: the run's default (env.pids_limit)
+  dockerfile: Path
+  context_dir: Path  # docker build context
+  context_exclude: tuple[str, ...]  # top-level names of context_dir left out of the build
+  tests_dir: Path  # copied to /tests after the agent finishes
+  test_script: str  # path inside the container the verifier runs with bash
+  solution: Path | None  # reference solution script (None if the task ships none)
+  extra_test_files: tuple[Path, ...] = ()  # copied to /tests beside tests_dir's content (TB1 run-tests.sh)
+  metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the raw metadata file
+
+  def summary(self) -> dict:
+    return {"name": self.name, "layout": self.layout, "family": self.family, "difficulty": self.difficulty}
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def load_task(path: str | Path) -> Task:
+  """Load one task folder (layout detected from ``task.toml`` / ``task.yaml``). Raises :class:`TaskError`."""
+  path = Path(path).resolve()
+  if not path.is_dir():
+    raise TaskError(f"{path}: not a task folder")
+  if (path / "task.toml").exists():
+    return _load_harbor(path)
+  if (path / "task.yaml").exists():
+    return _load_tb1(path)
+  raise TaskError(f"{path}: neither task.toml (Harbor / Terminal-Bench 2) nor task.yaml (Terminal-Bench 1)")
+
+
+def load_tasks(tasks_dir: str | Path, names: list[str] | tuple[str, ...] | None = None,
+               pattern: str = "*") -> list[Task]:
+  """Every task folder under ``tasks_dir`` (sorted by name), or the named ones, or those matching a glob."""
+  root = Path(tasks_dir)
+  if not root.is_dir():
+    raise TaskError(f"{root}: tasks directory does not exist")
+  if names:
+    return [load_task(root / n) for n in names]
+  dirs = sorted(d for d in root.iterdir()
+                if d.is_dir() and fnmatch.fnmatch(d.name, pattern)
+                and ((d / "task.toml").exists() or (d / "task.yaml").exists()))
+  return [load_task(d) for d in dirs]
+
+
+def _load_harbor(path: Path) -> Task:
+  f = path / "task.toml"
+  try:
+    meta = tomllib.loads(f.read_text())
+  except tomllib.TOMLDecodeError as e:
+    raise TaskError(f"{f}: invalid TOML: {e}") from None
+  md = _section(meta, "metadata", f)
+  ver = _section(meta, "verifier", f)
+  agent = _section(meta, "agent", f)
+  envs = _section(meta, "environment", f)
+  instruction = _read_required(path / "instruction.md")
+  dockerfile = _require_file(path / "environment" / "Dockerfile")
+  tests = path / "tests"
+  _require_file(tests / "test.sh")
+  solution = path / "solution" / "solve.sh"
+  return Task(
+      name=path.name, path=path, layout=LAYOUT_HARBOR, instruction=instruction,
+      family=_str(md, "category", f, "metadata.category", default="default"),
+      difficulty=_str(md, "difficulty", f, "metadata.difficulty", default="unknown"),
+      tags=_tags(md.get("tags", ()), f, "metadata.tags"),
+      agent_timeout_s=_pos(agent, "timeout_sec", f, "agent.timeout_sec", DEFAULT_AGENT_TIMEOUT_S),
+      verifier_timeout_s=_pos(ver, "timeout_sec", f, "verifier.timeout_sec", DEFAULT_VERIFIER_TIMEOUT_S),
+      build_timeout_s=_pos(envs, "build_timeout_sec", f, "environment.build_timeout_sec",
+                           DEFAULT_BUILD_TIMEOUT_S),
+      cpus=_pos(envs, "cpus", f, "environment.cpus", DEFAULT_CPUS),
+      memory_bytes=_memory(envs.get("memory", envs.get("memory_mb")), f, "environment.memory"),
+      pids_limit=int(_pos(envs, "pids", f, "environment.pids", 1)) if "pids" in envs else None,
+      dockerfile=dockerfile, context_dir=path / "environment", context_exclude=(),
+      tests_dir=tests, test_script="/tests/test.sh",
+      solution=solution if solution.is_file() else None, metadata=meta)
+
+
+def _load_tb1(path: Path) -> Task:
+  f = path / "task.yaml"
+  try:
+    meta = yaml.safe_load(f.read_text())
+  except yaml.YAMLError as e:
+    raise TaskError(f"{f}: invalid YAML: {e}") from None
+  if not isinstance(meta, dict):
+    raise TaskError(f"{f}: top level must be a mapping, got {type(meta).__name__}")
+  instruction = meta.get("instruction")
+  if instruction is None and isinstance(meta.get("descriptions"), list) and meta["descriptions"]:
+    instruction = (meta["descriptions"][0] or {}).get("description")  # the oldest TB1 variant
+  if not isinstance(instruction, str) or not instruction.strip():
+    raise TaskError(f"{f}: field 'instruction' is missing or empty")
+  dockerfile = _require_file(path / "Dockerfile")
+  run_tests = _require_file(path / "run-tests.sh")
+  tests = path / "tests"
+  if not tests.is_dir():
+    raise TaskError(f"{tests}: missing tests folder")
+  solution = path / "solution.sh"
+  return Task(
+      name=path.name, path=path, layout=LAYOUT_TB1, instruction=instruction,
+      family=_str(meta, "category", f, "category", default="default"),
+      difficulty=_str(meta, "difficulty", f, "difficulty", default="unknown"),
+      tags=_tags(meta.get("tags", ()), f, "tags"),
+      agent_timeout_s=_pos(meta, "max_agent_timeout_sec", f, "max_agent_timeout_sec",
+                           DEFAULT_AGENT_TIMEOUT_S),
+      verifier_timeout_s=_pos(meta, "max_test_timeout_sec", f, "max_test_timeout_sec",
+                              DEFAULT_VERIFIER_TIMEOUT_S),
+      build_timeout_s=DEFAULT_BUILD_TIMEOUT_S, cpus=DEFAULT_CPUS,
+      memory_bytes=_memory(None, f, "memory"), pids_limit=None,
+      dockerfile=dockerfile, context_dir=path, context_exclude=TB1_PRIVATE,
+      tests_dir=tests, test_script="/tests/run-tests.sh", extra_test_files=(run_tests,),
+      solution=solution if solution.is_file() else None, metadata=meta)
+
+
+# ----------------------------------------------------------------------------------------------- fields
+
+
+def _section(meta: Mapping, name: str, f: Path) -> Mapping:
+  s = meta.get(name, {})
+  if not isinstance(s, Mapping):
+    raise TaskError(f"{f}: field '{name}' must be a table, got {type(s).__name__}")
+  return s
+
+
+def _read_required(p: Path) -> str:
+  if not p.is_file():
+    raise TaskError(f"{p}: missing file")
+  text = p.read_text()
+  if not text.strip():
+    raise TaskError(f"{p}: file is empty")
+  return text
+
+
+def _require_file(p: Path) -> Path:
+  if not p.is_file():
+    raise TaskError(f"{p}: missing file")
+  return p
+
+
+def _str(m: Mapping, k: str, f: Path, field: str, default: str) -> str:
+  v = m.get(k, default)
+  if not isinstance(v, str) or not v:
+    raise TaskError(f"{f}: field '{field}' must be a non-empty string, got {v!r}")
+  return v
+
+
+def _tags(v, f: Path, field: str) -> tuple[str, ...]:
+  if isinstance(v, str):
+    v = [v]
+  if not isinstance(v, (list, tuple)) or not all(isinstance(t, str) for t in v):
+    raise TaskError(f"{f}: field '{field}' must be a list of strings, got {v!r}")
+  return tuple(v)
+
+
+def _pos(m: Mapping, k: str, f: Path, field: str, default: float) -> float:
+  v = m.get(k, default)
+  if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+    raise TaskError(f"{f}: field '{field}' must be a positive number, got {v!r}")
+  return float(v)
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "ki": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
+          "mi": 2**20, "mib": 2**20, "g": 2**30, "gb": 2**30, "gi": 2**30, "gib": 2**30}
+
+
+def parse_memory(v) -> int:
+  """``"2G"`` / ``"512M"`` / ``"1.5GiB"`` / an int of MB -> bytes. Raises ValueError."""
+  if isinstance(v, bool):
+    raise ValueError(f"not a memory size: {v!r}")
+  if isinstance(v, (int, float)):
+    return int(v * 2**20)  # a bare number is megabytes (Harbor's memory_mb)
+  m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(v))
+  if not m or m.group(2).lower() not in _UNITS:
+    raise ValueError(f"not a memory size: {v!r}")
+  return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _memory(v, f: Path, field: str) -> int:
+  try:
+    b = parse_memory(DEFAULT_MEMORY if v is None else v)
+  except ValueError:
+    raise TaskError(f"{f}: field '{field}' must be a size such as \"2G\", got {v!r}") from None
+  if b < 16 * 2**20:
+    raise TaskError(f"{f}: field '{field}' is below 16M ({v!r})")
+  return b
+
+
+# ------------------------------------------------------------------------------------------ image map
+
+def effective_image_map(image_map: Mapping[str, str], base_image: str = "rsi-base") -> dict[str, str]:
+  """The configured map first (first match wins), then :data:`DEFAULT_IMAGE_MAP` -> ``base_image``."""
+  out = dict(image_map)
+  for pattern in DEFAULT_IMAGE_MAP:
+    out.setdefault(pattern, base_image)
+  return out
+
+
+_FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
+
+
+def resolve_base_image(image: str, image_map: Mapping[str, str],
+                       is_local: Callable[[str], bool]) -> str:
+  """The image to build FROM: ``image`` if available locally, else the first ``image_map`` glob match.
+
+  An image with no match is returned unchanged (the build then fails naming it)."""
+  if is_local(image):
+    return image
+  for pattern, target in image_map.items():
+    if fnmatch.fnmatchcase(image, pattern):
+      return target
+  return image
+
+
+def rewrite_dockerfile(text: str, image_map: Mapping[str, str], is_local: Callable[[str], bool],
+                       where: str = "Dockerfile") -> tuple[str, list[tuple[str, str]]]:
+  """Rewrite every ``FROM`` through :func:`resolve_base_image`; stage names (``FROM a AS b``) are kept.
+
+  Returns (new text, [(old image, new image), ...] for each rewrite)."""
+  stages: set[str] = set()
+  out, changes = [], []
+  for line in text.splitlines(keepends=True):
+    m = _FROM.match(line.rstrip("\n"))
+    if m:
+      head, flags, image, rest = m.groups()
+      alias = re.match(r"\s+AS\s+(\S+)", rest, re.IGNORECASE)
+      if image.lower() not in stages and "$" not in image:
+        new = resolve_base_image(image, image_map, is_local)
+        if new != image:
+          changes.append((image, new))
+          log.info("%s: base image %s is not available locally; using %s (env.image_map)", where, image, new)
+          line = f"{head}{flags}{new}{rest}" + ("\n" if line.endswith("\n") else "")
+      if alias:
+        stages.add(alias.group(1).lower())
+    out.append(line)
+  return "".join(out), changes
