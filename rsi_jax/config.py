@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -184,22 +185,43 @@ class RolloutConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
-  """FDR / SPR rewards from verifier reports (paper §2.2, App. B)."""
+  """FDR / SPR rewards from verifier reports (paper §2.2, App. B); see rsi_jax/rl/rewards.py, divisors.py."""
   kind: str = "fdr"  # fdr | spr
-  fallback_divisor: float = 82.0
+  fallback_divisor: float = 82.0  # for families without a divisor when no divisor_table is set
   calibration_quantile: float = 0.90
   divisor_table: str = ""  # path to a divisor table (JSON with provenance); "" = fallback for every family
-  hygiene_patterns: tuple = ()  # regexes of check names excluded from P and N
-  # SPR recalibration between phases (offline)
+  hygiene_patterns: tuple = ()  # regexes (re.search on the CTRF test name) of checks excluded from P and N
+  # SPR recalibration between phases (offline). Rules in priority order: failure suppression, then long
+  # low-reward; families with fewer than recalibration_min_samples trajectories keep their divisor.
   high_reward_failure_threshold: float = 0.5  # failures scoring at least this are "high-reward failures"
-  high_reward_failure_share: float = 0.25  # family share of such failures that triggers doubling
+  high_reward_failure_share: float = 0.25  # family share of such failures that triggers suppression
+  suppression_factor: float = 2.0  # divisor multiplier for failure suppression (paper: doubled)
   long_low_reward_turns: int = 40  # a family is "long" when its median turns reach this
   long_low_reward_mean: float = 0.25  # ... and "low-reward" when its mean reward is below this
+  long_low_reward_factor: float = 0.25  # divisor multiplier for long low-reward families (paper: quartered)
+  recalibration_min_samples: int = 5
 
   def validate(self, p):
     _check(self.kind in ("fdr", "spr"), f"{p}.kind", f"must be 'fdr' or 'spr', got {self.kind!r}")
     _check(self.fallback_divisor > 0, f"{p}.fallback_divisor", f"must be > 0, got {self.fallback_divisor}")
     _check(0 < self.calibration_quantile <= 1, f"{p}.calibration_quantile", "must be in (0, 1]")
+    for pat in self.hygiene_patterns:
+      try:
+        re.compile(pat)
+      except (re.error, TypeError) as e:
+        raise ConfigError(f"{p}.hygiene_patterns: {pat!r} is not a valid regex: {e}") from None
+    _check(self.high_reward_failure_threshold >= 0, f"{p}.high_reward_failure_threshold",
+           f"must be >= 0, got {self.high_reward_failure_threshold}")
+    _check(0 <= self.high_reward_failure_share <= 1, f"{p}.high_reward_failure_share",
+           f"must be in [0, 1], got {self.high_reward_failure_share}")
+    _check(self.long_low_reward_turns >= 0, f"{p}.long_low_reward_turns",
+           f"must be >= 0, got {self.long_low_reward_turns}")
+    _check(self.long_low_reward_mean >= 0, f"{p}.long_low_reward_mean",
+           f"must be >= 0, got {self.long_low_reward_mean}")
+    for k in ("suppression_factor", "long_low_reward_factor"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    _check(self.recalibration_min_samples >= 1, f"{p}.recalibration_min_samples",
+           f"must be >= 1, got {self.recalibration_min_samples}")
 
 
 @dataclasses.dataclass(frozen=True)
