@@ -34,7 +34,9 @@ def truncation_mask(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> ja
   desc = jnp.where(desc >= kth, desc, -jnp.inf)
   probs = jax.nn.softmax(desc, axis=-1)
   mass_before = jnp.cumsum(probs, axis=-1) - probs  # mass of the strictly larger tokens
-  keep_sorted = (mass_before < top_p[:, None]) & (desc > -jnp.inf)
+  # top_p = 1 keeps everything outright: rounding in the cumsum must not drop the tail of a row that
+  # shares its batch with truncating rows.
+  keep_sorted = ((mass_before < top_p[:, None]) | (top_p[:, None] >= 1)) & (desc > -jnp.inf)
   # The smallest kept value is the threshold; the largest token is always kept.
   n_keep = jnp.maximum(jnp.sum(keep_sorted, axis=-1), 1)
   threshold = jnp.take_along_axis(desc, (n_keep - 1)[:, None], axis=-1)

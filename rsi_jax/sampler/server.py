@@ -1,0 +1,308 @@
+"""Continuous batching over the :class:`~rsi_jax.sampler.engine.Engine`: the sampler the harness talks to.
+
+One background thread owns the decode state. Each turn of its loop it
+
+1. applies a pending weight swap when the swap policy allows it,
+2. admits queued requests into free slots (prefill -> insert),
+3. dispatches one decode step for all slots, and while the device computes it, records the previous
+   step's tokens on the host, finishes requests (EOS, stop ids, stop strings, max new tokens, full cache)
+   and frees their slots.
+
+So requests of different lengths and arrival times share decode steps, and a slot is refilled as soon as
+its request ends. Any number of threads may call :meth:`SamplerServer.submit` / :meth:`generate`
+(:class:`rsi_jax.policy.AsyncPolicy`). Host bookkeeping trails the device by one step, so a finished slot
+runs one extra (discarded) step before it is refilled.
+
+Weight swap (:meth:`SamplerServer.update_weights`): the new actor params are resharded onto the sampling
+mesh at once; the loop switches between steps. ``swap_policy="finish_on_old"``: admission pauses, requests
+in flight finish on the old weights, then the switch happens (every completion comes from one version).
+``"mark"``: the switch happens at the next step and requests in flight continue on the new weights;
+their completions carry ``version_changed=True`` and the version that sampled their last token.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+
+import jax
+import numpy as np
+
+from rsi_jax import policy as P
+from rsi_jax.config import Config
+from rsi_jax.sampler.engine import Engine, build_engine
+
+QWEN3_EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
+
+
+@dataclasses.dataclass
+class _Request:
+  prompt: np.ndarray  # (n,) int32, after any truncation
+  params: P.SamplingParams
+  key: jax.Array  # typed PRNG key of this request
+  future: Future
+  stop_ids: frozenset
+  start_version: int = 0  # weights that sampled the first token
+  version: int = 0  # weights that sampled the latest token
+  tokens: list = dataclasses.field(default_factory=list)
+  logprobs: list = dataclasses.field(default_factory=list)
+  done: bool = False
+
+
+@dataclasses.dataclass
+class ServerStats:
+  decode_steps: int = 0
+  prefills: int = 0
+  tokens: int = 0  # generated tokens delivered to requests
+  busy_slot_steps: int = 0  # sum over decode steps of the number of occupied slots
+  swaps: int = 0
+
+
+class SamplerServer:
+  """A thread-safe :class:`rsi_jax.policy.AsyncPolicy` with continuous batching over one engine.
+
+  Args:
+    engine: the decode engine.
+    params: actor params (any mesh; resharded onto the sampling mesh).
+    tokenizer: anything with ``decode(ids) -> str`` (needed only for stop strings); its
+      ``eos_token_ids``, when present, are the default end-of-sequence ids.
+    eos_token_ids: ids that end a completion (finish "eos"), in addition to each request's stop ids.
+    swap_policy: "finish_on_old" or "mark" (module docstring).
+    prompt_overflow: what a prompt longer than ``engine.max_prefill_length`` gets: "reject" (a completion
+      with finish "prompt_too_long" and no tokens), "error" (``submit`` raises ValueError) or
+      "truncate_left" (the most recent ``max_prefill_length`` tokens are kept; ``prompt_len`` tells).
+    weight_version: version tag of ``params``.
+    seed: the stream requests without a seed draw their keys from.
+  """
+
+  def __init__(self, engine: Engine, params, *, tokenizer=None, eos_token_ids: Sequence[int] | None = None,
+               swap_policy: str = "finish_on_old", prompt_overflow: str = "reject", weight_version: int = 0,
+               seed: int = 0):
+    if swap_policy not in ("finish_on_old", "mark"):
+      raise ValueError(f"swap_policy must be 'finish_on_old' or 'mark', got {swap_policy!r}")
+    if prompt_overflow not in ("reject", "error", "truncate_left"):
+      raise ValueError(f"prompt_overflow must be reject/error/truncate_left, got {prompt_overflow!r}")
+    self.engine = engine
+    self.tokenizer = tokenizer
+    if eos_token_ids is None:
+      eos_token_ids = getattr(tokenizer, "eos_token_ids", QWEN3_EOS_IDS)
+    self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+    self.swap_policy = swap_policy
+    self.prompt_overflow = prompt_overflow
+    self.vocab_size = int(engine.config.vocab_size)
+    self.stats = ServerStats()
+
+    self._params = engine.load_params(params)
+    self._version = weight_version
+    self._pending_swap = None  # (params, version) waiting to be applied
+    self._seed_key = jax.random.key(seed)
+    self._counter = itertools.count()
+    self._queue: collections.deque[_Request] = collections.deque()
+    self._cv = threading.Condition()
+    self._closed = False
+    self._error: BaseException | None = None
+    self._slots: list[_Request | None] = [None] * engine.num_slots
+    self._state = engine.init_decode_state()
+    self._thread = threading.Thread(target=self._loop, name="sampler", daemon=True)
+    self._thread.start()
+
+  @classmethod
+  def from_config(cls, cfg: Config, params, *, tokenizer=None, devices=None, **kw) -> "SamplerServer":
+    s = cfg.sampler
+    kw.setdefault("swap_policy", s.swap_policy)
+    kw.setdefault("prompt_overflow", s.prompt_overflow)
+    kw.setdefault("seed", cfg.run.seed)
+    return cls(build_engine(cfg, devices), params, tokenizer=tokenizer, **kw)
+
+  # ------------------------------------------------------------------------------------------ public
+
+  @property
+  def weight_version(self) -> int:
+    return self._version
+
+  def submit(self, prompt_ids: Sequence[int], params: P.SamplingParams) -> Future:
+    """Queue one request; the future resolves to a :class:`~rsi_jax.policy.Completion`."""
+    prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
+    if prompt.size == 0:
+      raise ValueError("empty prompt")
+    if prompt.min() < 0 or prompt.max() >= self.vocab_size:
+      raise ValueError(f"prompt ids must be in [0, {self.vocab_size}), got min {prompt.min()} max {prompt.max()}")
+    if params.stop_strings and self.tokenizer is None:
+      raise ValueError("stop_strings need a tokenizer (SamplerServer(tokenizer=...))")
+    fut: Future = Future()
+    limit = self.engine.max_prefill_length
+    if prompt.size > limit:
+      if self.prompt_overflow == "error":
+        raise ValueError(f"prompt of {prompt.size} tokens exceeds sampler.max_prefill_length={limit}")
+      if self.prompt_overflow == "reject":
+        fut.set_result(P.Completion(np.zeros(0, np.int32), np.zeros(0, np.float32), P.FINISH_REJECTED,
+                                    self._version, prompt_len=int(prompt.size)))
+        return fut
+      prompt = prompt[-limit:]
+    key = (jax.random.key(params.seed) if params.seed is not None
+           else jax.random.fold_in(self._seed_key, next(self._counter)))
+    req = _Request(prompt=prompt.astype(np.int32), params=params, key=key, future=fut,
+                   stop_ids=frozenset(params.stop_token_ids) | self.eos_token_ids)
+    with self._cv:
+      if self._closed:
+        raise RuntimeError("sampler is closed") from self._error
+      self._queue.append(req)
+      self._cv.notify()
+    return fut
+
+  def generate(self, prompt_ids: Sequence[int], params: P.SamplingParams) -> P.Completion:
+    """Blocking :meth:`submit` (the :class:`~rsi_jax.policy.Policy` call)."""
+    return self.submit(prompt_ids, params).result()
+
+  def update_weights(self, params, version: int | None = None) -> int:
+    """Hot-swap to new actor params (resharded from their mesh now, switched between decode steps).
+
+    Returns the new version (default: current + 1). Requests in flight are never dropped."""
+    new = self.engine.load_params(params)
+    with self._cv:
+      base = self._pending_swap[1] if self._pending_swap is not None else self._version
+      version = base + 1 if version is None else int(version)
+      self._pending_swap = (new, version)
+      self._cv.notify()
+    return version
+
+  def wait_swapped(self, timeout: float | None = None) -> bool:
+    """Block until no swap is pending (for tests and the pipeline's version bookkeeping)."""
+    with self._cv:
+      return self._cv.wait_for(lambda: self._pending_swap is None or self._closed, timeout)
+
+  def close(self):
+    """Stop the loop; queued and in-flight requests fail with RuntimeError."""
+    with self._cv:
+      self._closed = True
+      self._cv.notify_all()
+    self._thread.join()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  # ------------------------------------------------------------------------------------------ loop
+
+  def _loop(self):
+    pending = None  # (StepResult on device, requests per slot at dispatch)
+    try:
+      while True:
+        with self._cv:
+          while not self._closed and not self._queue and pending is None and not self._busy() \
+              and self._pending_swap is None:
+            self._cv.wait()
+          if self._closed:
+            break
+          self._maybe_swap()
+          admit = []
+          while self._queue and self._pending_swap is None and None in self._slots:
+            slot = self._slots.index(None)
+            req = self._queue.popleft()
+            req.start_version = req.version = self._version
+            self._slots[slot] = req
+            admit.append((slot, req))
+        for slot, req in admit:
+          self._prefill_into(slot, req)
+        if self._busy():
+          self._state, result = self.engine.generate(self._params, self._state)
+          self.stats.decode_steps += 1
+          snapshot = list(self._slots)
+          self.stats.busy_slot_steps += sum(r is not None for r in snapshot)
+          if pending is not None:
+            self._record(*pending)  # host work overlaps the step just dispatched
+          pending = (result, snapshot, self._version)
+        elif pending is not None:
+          self._record(*pending)
+          pending = None
+    except BaseException as e:  # noqa: BLE001 - every waiting caller must learn of the failure
+      self._error = e
+    with self._cv:
+      self._closed = True
+      err = self._error or RuntimeError("sampler closed")
+      for req in list(self._queue) + [r for r in self._slots if r is not None]:
+        if not req.done:
+          req.done = True
+          req.future.set_exception(RuntimeError(f"sampler stopped: {err!r}"))
+      self._queue.clear()
+      self._cv.notify_all()
+
+  def _busy(self) -> bool:
+    return any(r is not None for r in self._slots)
+
+  def _maybe_swap(self):
+    """Apply a pending swap if the policy allows it now (called with the lock held).
+
+    A step still being recorded belongs to requests that are done once every slot is free, so an empty
+    decode batch is a safe point for "finish_on_old"."""
+    if self._pending_swap is None:
+      return
+    if self.swap_policy == "finish_on_old" and self._busy():
+      return  # admission is paused until the slots drain
+    self._params, self._version = self._pending_swap
+    self._pending_swap = None
+    self.stats.swaps += 1
+    self._cv.notify_all()
+
+  def _prefill_into(self, slot: int, req: _Request):
+    sp = req.params
+    prefix = self.engine.prefill(self._params, req.prompt, req.key, temperature=sp.temperature,
+                                 top_k=sp.top_k, top_p=sp.top_p)
+    self.stats.prefills += 1
+    token, logprob = jax.device_get((prefix.token, prefix.logprob))
+    if self._append(req, int(token[0]), float(logprob[0])):
+      self._slots[slot] = None  # finished on its first token; never occupies the decode batch
+      return
+    self._state = self.engine.insert(prefix, self._state, slot)
+
+  def _record(self, result, snapshot, version):
+    """Host side of one decode step: ``snapshot`` (request per slot) and ``version`` as at dispatch."""
+    tokens, logprobs = jax.device_get((result.tokens, result.logprobs))
+    for slot, req in enumerate(snapshot):
+      if req is None or req.done:
+        continue
+      req.version = version
+      if self._append(req, int(tokens[slot]), float(logprobs[slot])):
+        self._state = self.engine.free(self._state, slot)
+        if self._slots[slot] is req:
+          self._slots[slot] = None
+
+  def _append(self, req: _Request, token: int, logprob: float) -> bool:
+    """Record one sampled token; finish the request if it ended. Returns whether it did."""
+    req.tokens.append(token)
+    req.logprobs.append(logprob)
+    sp = req.params
+    n = len(req.tokens)
+    reason = None
+    if token in req.stop_ids:
+      reason = P.FINISH_EOS
+    elif sp.stop_strings and self._stop_string_hit(req):
+      reason = P.FINISH_STOP
+    elif n >= sp.max_new_tokens:
+      reason = P.FINISH_LENGTH
+    elif n >= self.engine.ar_capacity + 1:
+      reason = P.FINISH_CACHE  # the next step would overwrite this slot's oldest cache entry
+    if reason is None:
+      return False
+    req.done = True
+    self.stats.tokens += n
+    req.future.set_result(P.Completion(
+        token_ids=np.asarray(req.tokens, np.int32), logprobs=np.asarray(req.logprobs, np.float32),
+        finish_reason=reason, weight_version=req.version, prompt_len=int(req.prompt.size),
+        version_changed=req.version != req.start_version))
+    return True
+
+  def _stop_string_hit(self, req: _Request) -> bool:
+    """Whether a stop string ends within the newest token's text.
+
+    Only a tail window is decoded: a string of c characters spans at most c tokens (every token decodes to
+    at least one character, up to a few partial UTF-8 bytes), so earlier occurrences were caught earlier."""
+    width = max(len(s) for s in req.params.stop_strings) + 4
+    text = self.tokenizer.decode(req.tokens[-width:])
+    return any(s in text for s in req.params.stop_strings)

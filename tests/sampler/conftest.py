@@ -1,0 +1,56 @@
+"""Shared fixtures: one tiny actor and one compiled engine for the whole sampler test package.
+
+The tiny Qwen3 (configs/models/qwen3-tiny.yml) runs with a 512-token vocabulary so decode steps are cheap;
+the token embedding is scaled down so the random model's next-token distributions are spread out (sampled
+tokens vary and their logprobs are far from 0, which makes the logprob comparisons meaningful).
+"""
+
+import jax
+import pytest
+
+from rsi_jax.config import load_config
+
+VOCAB = 512
+NUM_SLOTS = 4
+MAX_PREFILL = 32
+AR_CAPACITY = 24  # generated tokens a slot can hold: max_cache_length - max_prefill_length
+
+
+@pytest.fixture(scope="session")
+def cfg():
+  return load_config(None, [
+      f"model.vocab_size={VOCAB}", "model.max_target_length=128", "mesh.ici_fsdp_parallelism=4",
+      "mesh.ici_tensor_parallelism=2", f"sampler.num_slots={NUM_SLOTS}",
+      f"sampler.max_prefill_length={MAX_PREFILL}", "sampler.prefill_buckets=[8,16,32]",
+      f"sampler.max_cache_length={MAX_PREFILL + AR_CAPACITY}"])
+
+
+@pytest.fixture(scope="session")
+def actor(cfg):
+  from rsi_jax.models.actor import Actor
+  from rsi_jax.models.mesh import build_mesh
+  return Actor(cfg, build_mesh(cfg))
+
+
+def _flatten(params, seed):
+  """Random actor params with a down-scaled embedding (see the module docstring)."""
+  params = jax.tree.map(lambda x: x, params)
+  params["token_embedder"]["embedding"] = params["token_embedder"]["embedding"] * 0.1
+  return params
+
+
+@pytest.fixture(scope="session")
+def actor_params(actor):
+  return _flatten(actor.init(jax.random.key(0)), 0)
+
+
+@pytest.fixture(scope="session")
+def actor_params_b(actor):
+  """A second, different set of weights (for hot-swap tests)."""
+  return _flatten(actor.init(jax.random.key(1)), 1)
+
+
+@pytest.fixture(scope="session")
+def engine(cfg):
+  from rsi_jax.sampler.engine import build_engine
+  return build_engine(cfg)

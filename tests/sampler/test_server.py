@@ -1,0 +1,147 @@
+"""SamplerServer: continuous batching, batch-independent outputs, stop conditions, overflow, hot-swap."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from rsi_jax import policy as P
+from rsi_jax.sampler.server import SamplerServer
+from tests.sampler.conftest import AR_CAPACITY, MAX_PREFILL, NUM_SLOTS, VOCAB
+from tests.sampler.test_engine import TOL, reference_logprobs
+
+
+class CharTokenizer:
+  """A stand-in tokenizer for the 512-token test vocabulary (the real Qwen3 tokenizer needs the real
+  vocabulary): token t decodes to one letter, so stop strings can be placed exactly."""
+  eos_token_ids = ()
+
+  def decode(self, ids):
+    return "".join(chr(ord("a") + int(t) % 26) for t in ids)
+
+
+def prompt(n, seed):
+  return np.random.default_rng(seed).integers(0, VOCAB, n).tolist()
+
+
+@pytest.fixture
+def server(engine, actor_params):
+  with SamplerServer(engine, actor_params, tokenizer=CharTokenizer(), eos_token_ids=()) as s:
+    yield s
+
+
+def test_alone_equals_joining_a_busy_batch_midway(server, actor, actor_params):
+  sp = P.SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=16, seed=1234)
+  target = prompt(11, 0)
+  alone = server.generate(target, sp)
+  start = server.stats.decode_steps
+  # Busy: more requests than slots, different lengths; the target arrives while they are decoding.
+  others = [server.submit(prompt(3 + 5 * i, 10 + i), P.SamplingParams(max_new_tokens=8 + 3 * i, seed=i))
+            for i in range(NUM_SLOTS + 2)]
+  while server.stats.decode_steps < start + 3:
+    time.sleep(0.005)
+  joined = server.submit(target, sp).result()
+  np.testing.assert_array_equal(joined.token_ids, alone.token_ids)
+  np.testing.assert_allclose(joined.logprobs, alone.logprobs, atol=TOL)
+  done = [f.result() for f in others]
+  assert [c.finish_reason for c in done] == [P.FINISH_LENGTH] * len(done)
+  assert [len(c.token_ids) for c in done] == [8 + 3 * i for i in range(len(done))]
+  # Every completion's logprobs are the actor's on its own sequence.
+  refs = reference_logprobs(actor, actor_params, [target] + [prompt(3 + 5 * i, 10 + i) for i in range(len(done))],
+                            [joined.token_ids] + [c.token_ids for c in done])
+  for c, r in zip([joined] + done, refs):
+    np.testing.assert_allclose(c.logprobs, r, atol=TOL)
+  assert server.stats.busy_slot_steps > server.stats.decode_steps  # steps were shared
+
+
+def test_many_threads_share_the_engine(server):
+  results = {}
+
+  def worker(i):
+    results[i] = server.generate(prompt(4 + i, 100 + i), P.SamplingParams(max_new_tokens=5 + i, seed=i))
+
+  threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert sorted(results) == list(range(8))
+  assert all(len(results[i].token_ids) == 5 + i and results[i].prompt_len == 4 + i for i in range(8))
+  assert all(isinstance(server, P.Policy) for _ in [0])
+
+
+def test_stop_conditions(server):
+  greedy = P.SamplingParams(temperature=0.0, max_new_tokens=12)
+  p = prompt(6, 1)
+  ref = server.generate(p, greedy)
+  assert ref.finish_reason == P.FINISH_LENGTH and len(ref.token_ids) == 12
+  # EOS / stop token: the first occurrence of ref's 4th token ends it, token included.
+  stop_tok = int(ref.token_ids[3])
+  k = list(ref.token_ids).index(stop_tok)
+  c = server.generate(p, P.SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(stop_tok,)))
+  assert c.finish_reason == P.FINISH_EOS
+  np.testing.assert_array_equal(c.token_ids, ref.token_ids[:k + 1])
+  # Stop string: the decoded text of tokens 2..4 (one letter each here).
+  text = CharTokenizer().decode(ref.token_ids)
+  s = text[2:5]
+  end = text.index(s) + len(s)
+  c = server.generate(p, P.SamplingParams(temperature=0.0, max_new_tokens=12, stop_strings=(s,)))
+  assert c.finish_reason == P.FINISH_STOP
+  np.testing.assert_array_equal(c.token_ids, ref.token_ids[:end])
+  # Max new tokens 1: done on the prefill's token.
+  c = server.generate(p, P.SamplingParams(temperature=0.0, max_new_tokens=1))
+  assert c.finish_reason == P.FINISH_LENGTH and list(c.token_ids) == [ref.token_ids[0]]
+  # Cache full: a slot holds AR_CAPACITY + 1 generated tokens.
+  c = server.generate(p, P.SamplingParams(temperature=0.0, max_new_tokens=1000))
+  assert c.finish_reason == P.FINISH_CACHE and len(c.token_ids) == AR_CAPACITY + 1
+  np.testing.assert_array_equal(c.token_ids[:12], ref.token_ids)
+
+
+def test_prompt_overflow_policies(engine, actor_params):
+  long = prompt(MAX_PREFILL + 5, 2)
+  sp = P.SamplingParams(temperature=0.0, max_new_tokens=4)
+  with SamplerServer(engine, actor_params, prompt_overflow="reject") as s:
+    c = s.generate(long, sp)
+    assert c.finish_reason == P.FINISH_REJECTED and len(c.token_ids) == 0 and c.prompt_len == len(long)
+  with SamplerServer(engine, actor_params, prompt_overflow="error") as s:
+    with pytest.raises(ValueError, match="max_prefill_length"):
+      s.submit(long, sp)
+  with SamplerServer(engine, actor_params, prompt_overflow="truncate_left") as s:
+    c = s.generate(long, sp)
+    tail = s.generate(long[-MAX_PREFILL:], sp)
+    assert c.prompt_len == MAX_PREFILL
+    np.testing.assert_array_equal(c.token_ids, tail.token_ids)
+    with pytest.raises(ValueError):
+      s.submit([VOCAB], sp)
+
+
+@pytest.mark.parametrize("policy", ["finish_on_old", "mark"])
+def test_weight_swap(engine, actor, actor_params, actor_params_b, policy):
+  sp_long = P.SamplingParams(temperature=1.0, max_new_tokens=AR_CAPACITY, seed=5)
+  sp = P.SamplingParams(temperature=1.0, max_new_tokens=10, seed=6)
+  p = prompt(9, 3)
+  with SamplerServer(engine, actor_params, swap_policy=policy, eos_token_ids=()) as s:
+    before = s.generate(p, sp)
+    start = s.stats.decode_steps
+    inflight = s.submit(p, sp_long)
+    while s.stats.decode_steps < start + 4:  # make sure the long request is decoding
+      time.sleep(0.005)
+    v = s.update_weights(actor_params_b)  # from the training mesh, resharded
+    after = s.submit(p, sp).result()
+    old = inflight.result()
+  assert v == 1 and before.weight_version == 0 and after.weight_version == 1 and not after.version_changed
+  assert len(old.token_ids) == AR_CAPACITY  # not dropped
+  assert not np.array_equal(before.token_ids, after.token_ids)
+  ref_b = reference_logprobs(actor, actor_params_b, [p], [after.token_ids])[0]
+  np.testing.assert_allclose(after.logprobs, ref_b, atol=TOL)
+  ref_old = reference_logprobs(actor, actor_params, [p], [old.token_ids])[0]
+  if policy == "finish_on_old":
+    assert old.weight_version == 0 and not old.version_changed
+    np.testing.assert_allclose(old.logprobs, ref_old, atol=TOL)
+  else:
+    # Tokens before the swap are the old actor's; after it the new weights decode over a cache the old
+    # ones wrote, which is neither actor's full forward: hence the mark.
+    assert old.weight_version == 1 and old.version_changed
+    np.testing.assert_allclose(old.logprobs[:4], ref_old[:4], atol=TOL)
+    assert not np.allclose(old.logprobs, ref_old, atol=TOL)
