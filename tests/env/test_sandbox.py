@@ -1,0 +1,194 @@
+"""DockerSandbox against a real daemon: persistent shell, hard timeouts, output cap, lockdown, file copy,
+faults (killed container, daemon error on create), teardown on error / SIGINT / SIGTERM, the reaper."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import docker.errors
+import pytest
+
+from rsi_jax.env.sandbox import (CONTAINER_DIED, CREATE_FAILED, LABEL_EPISODE, LABEL_HOST, LABEL_PID,
+                                 LABEL_RUN, LABEL_TASK, DockerSandbox, SandboxError, reap_orphans)
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def box(docker_client, run_id):
+  with DockerSandbox(docker_client, "rsi-base", run_id=run_id, task_name="sandbox-test", cpus=1.0,
+                     memory_bytes=256 << 20, pids_limit=128, output_cap_bytes=1000,
+                     command_timeout_s=20) as b:
+    yield b
+
+
+def _gone(client, cid):
+  try:
+    client.containers.get(cid)
+    return False
+  except docker.errors.NotFound:
+    return True
+
+
+def test_scripts_daemon_and_base_image(docker_client):
+  """The daemon script is idempotent and quiet when a daemon answers; a real container's output comes back;
+  the base image has python3 and pytest and writes a CTRF report from a real pytest --ctrf run."""
+  up = subprocess.run(["bash", str(REPO / "scripts" / "docker_up.sh")], capture_output=True, text=True)
+  assert up.returncode == 0 and up.stdout == "" and up.stderr == ""
+  base = subprocess.run(["bash", str(REPO / "scripts" / "build_base_image.sh")], capture_output=True, text=True)
+  assert base.returncode == 0, base.stderr
+  again = subprocess.run(["bash", str(REPO / "scripts" / "build_base_image.sh")], capture_output=True, text=True)
+  assert again.returncode == 0 and again.stderr == "", again.stderr  # cached by its content tag
+  script = textwrap.dedent("""\
+      cd /tmp && printf 'def test_ok():\\n  assert 1\\n\\ndef test_bad():\\n  assert 0\\n' > test_x.py
+      python3 --version; python3 -m pytest --version
+      python3 -m pytest -q -p no:cacheprovider --ctrf /tmp/ctrf.json test_x.py > /dev/null
+      cat /tmp/ctrf.json""")
+  run = subprocess.run(["docker", "run", "--rm", "--network", "none", "rsi-base", "bash", "-c", script],
+                       capture_output=True, text=True, timeout=120)
+  assert run.returncode == 0, run.stderr
+  assert run.stdout.startswith("Python 3.") and "pytest" in run.stdout
+  from rsi_jax.rl.ctrf import parse_ctrf
+  report = parse_ctrf(run.stdout[run.stdout.index("{"):])
+  assert report.valid and report.passed == 1 and report.failed == 1 and report.total == 2
+
+
+def test_persistent_shell_state(box):
+  assert box.run("cd /tmp && mkdir -p work && cd work && export GREETING='hi there' && LOCAL=1").exit_code == 0
+  r = box.run('pwd; echo "$GREETING"; echo "local=${LOCAL:-unset}"')
+  assert r.output == "/tmp/work\nhi there\nlocal=unset\n" and r.exit_code == 0
+  r = box.run("echo out; echo err >&2; exit 7")
+  assert r.output == "out\nerr\n" and r.exit_code == 7 and not r.timed_out
+  assert box.run("pwd").output == "/tmp/work\n"  # an `exit` does not lose the state
+  r = box.run("echo 'unbalanced")
+  assert r.exit_code == 2 and "unexpected EOF" in r.output
+  assert box.run("cat").exit_code == 0  # stdin is /dev/null: a reader cannot hang the shell
+
+
+def test_timeout_hard_kill_and_recovery(box):
+  box.run("cd /tmp && export KEEP=yes")
+  t0 = time.time()
+  r = box.run("echo started; (sleep 300 &); sleep 300 & sleep 300", timeout_s=2)
+  assert r.timed_out and r.exit_code == 124 and time.time() - t0 < 10
+  assert r.output.startswith("started\n") and "timed out after 2s" in r.output
+  # the whole process group is gone, the shell recovered with its state
+  left = box.run("pgrep -a -x sleep").output.splitlines()
+  assert [x.split(" ", 1)[1] for x in left] == ["/usr/bin/sleep 86400"]  # only PID 1's own
+  r = box.run('pwd; echo "$KEEP"')
+  assert r.output == "/tmp\nyes\n" and r.exit_code == 0
+
+
+def test_background_job_does_not_block(box):
+  t0 = time.time()
+  r = box.run("sleep 100 > /dev/null 2>&1 & echo launched", timeout_s=15)
+  assert r.output == "launched\n" and not r.timed_out and time.time() - t0 < 5
+
+
+def test_output_cap_elides_the_middle(box):
+  r = box.run("python3 -c \"import sys; sys.stdout.write('A' * 3000 + 'B' * 3000)\"")
+  head, sep, tail = r.output.partition("\n[... 5000 bytes of output elided ...]\n")
+  assert sep and head == "A" * 500 and tail == "B" * 500
+
+
+def test_lockdown_and_labels(box, run_id):
+  box.container.reload()
+  hc, labels = box.container.attrs["HostConfig"], box.container.labels
+  assert hc["NetworkMode"] == "none" and hc["CapDrop"] == ["ALL"]
+  assert "no-new-privileges" in hc["SecurityOpt"]
+  assert hc["NanoCpus"] == 10**9 and hc["Memory"] == 256 << 20 and hc["PidsLimit"] == 128
+  assert labels[LABEL_RUN] == run_id and labels[LABEL_TASK] == "sandbox-test" and labels[LABEL_EPISODE]
+  r = box.run("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=3)\"")
+  assert r.exit_code != 0 and "unreachable" in r.output.lower()
+  assert box.run("cat /sys/class/net/*/operstate 2>/dev/null; ls /sys/class/net").output.split() in (
+      ["unknown", "lo"], ["lo"], ["down", "lo"])
+  assert box.run("chown nobody /tmp").exit_code != 0  # CAP_CHOWN is dropped
+
+
+def test_file_copy_in_and_out(box, tmp_path):
+  box.put_files({"/data/in/a.txt": "alpha\n", "/data/in/b.bin": bytes(range(256))}, mode=0o600)
+  assert box.get_file("/data/in/b.bin") == bytes(range(256))
+  assert box.run("stat -c %a /data/in/a.txt").output == "600\n"
+  (tmp_path / "d" / "sub").mkdir(parents=True)
+  (tmp_path / "d" / "sub" / "x.sh").write_text("echo x\n")
+  (tmp_path / "d" / "sub" / "x.sh").chmod(0o755)
+  box.put_dir(tmp_path / "d", "/copied")
+  assert box.run("/copied/sub/x.sh").output == "x\n"
+  assert box.get_file("/does/not/exist") is None
+  assert box.get_file("/data/in") is None  # a folder is not a file
+
+
+def test_killed_container_is_container_died(docker_client, run_id):
+  b = DockerSandbox(docker_client, "rsi-base", run_id=run_id, task_name="killed").start()
+  try:
+    killer = threading.Timer(1.0, lambda: docker_client.containers.get(b.container.id).kill())
+    killer.start()
+    with pytest.raises(SandboxError) as e:
+      b.run("sleep 30", timeout_s=60)
+    assert e.value.kind == CONTAINER_DIED
+  finally:
+    b.close()
+  assert _gone(docker_client, b.container.id)
+
+
+def test_daemon_error_on_create_is_create_failed(docker_client, run_id):
+  # A real daemon-side rejection: Docker refuses memory limits below 6 MB.
+  b = DockerSandbox(docker_client, "rsi-base", run_id=run_id, task_name="bad-create", memory_bytes=1 << 20)
+  with pytest.raises(SandboxError) as e:
+    b.start()
+  assert e.value.kind == CREATE_FAILED and "memory" in str(e.value).lower()
+  assert not docker_client.containers.list(all=True, filters={"label": f"{LABEL_EPISODE}={b.episode_id}"})
+
+
+def test_teardown_on_error(docker_client, run_id):
+  with pytest.raises(ZeroDivisionError):
+    with DockerSandbox(docker_client, "rsi-base", run_id=run_id, task_name="error") as b:
+      cid = b.container.id
+      1 / 0
+  assert _gone(docker_client, cid)
+
+
+_CHILD = """
+import sys, time
+from rsi_jax.env.sandbox import DockerSandbox, docker_client, install_signal_handlers
+install_signal_handlers()
+with DockerSandbox(docker_client(), "rsi-base", run_id=sys.argv[1], task_name="signal") as b:
+  print(b.container.id, flush=True)
+  b.run("sleep 60", timeout_s=120)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_teardown_on_signal(docker_client, run_id, sig):
+  p = subprocess.Popen([sys.executable, "-c", _CHILD, run_id], stdout=subprocess.PIPE, text=True, cwd=REPO)
+  cid = p.stdout.readline().strip()
+  assert cid, "child did not start a sandbox"
+  time.sleep(0.5)
+  p.send_signal(sig)
+  p.wait(timeout=60)
+  assert _gone(docker_client, cid)
+
+
+def test_reaper_removes_containers_of_dead_runs(docker_client, run_id):
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  labels = {LABEL_RUN: run_id, LABEL_HOST: socket.gethostname()}
+  orphan = docker_client.containers.run("rsi-base", ["sleep", "60"], detach=True, network_mode="none",
+                                        labels={**labels, LABEL_PID: str(dead.pid)})
+  alive = docker_client.containers.run("rsi-base", ["sleep", "60"], detach=True, network_mode="none",
+                                       labels={**labels, LABEL_PID: str(os.getpid())})
+  try:
+    assert reap_orphans(docker_client) >= 1
+    assert _gone(docker_client, orphan.id) and not _gone(docker_client, alive.id)
+  finally:
+    for c in (orphan, alive):
+      try:
+        c.remove(force=True)
+      except docker.errors.NotFound:
+        pass

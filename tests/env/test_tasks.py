@@ -1,0 +1,126 @@
+"""Task loading (both upstream layouts, the shipped suite), malformed folders, and the base-image map."""
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rsi_jax.env.tasks import (LAYOUT_HARBOR, LAYOUT_TB1, TaskError, effective_image_map, load_task,
+                               load_tasks, parse_memory, rewrite_dockerfile)
+
+from .conftest import FIXTURES, REPO
+
+
+def test_harbor_fixture_fields():
+  t = load_task(FIXTURES / "harbor-greeting")
+  assert t.layout == LAYOUT_HARBOR
+  assert t.family == "fixture" and t.difficulty == "easy" and t.tags == ("files",)
+  assert t.agent_timeout_s == 120.0 and t.verifier_timeout_s == 60.0 and t.build_timeout_s == 120.0
+  assert t.cpus == 1.0 and t.memory_bytes == 512 * 2**20 and t.pids_limit is None
+  assert t.instruction.startswith("Write the line")
+  assert t.context_dir.name == "environment" and t.test_script == "/tests/test.sh"
+  assert t.solution.name == "solve.sh"
+
+
+def test_tb1_fixture_fields():
+  t = load_task(FIXTURES / "tb1-word-sum")
+  assert t.layout == LAYOUT_TB1
+  assert t.family == "fixture-tb1" and t.difficulty == "easy"
+  assert t.agent_timeout_s == 120.0 and t.verifier_timeout_s == 60.0
+  assert "/app/numbers.txt" in t.instruction
+  assert t.test_script == "/tests/run-tests.sh" and [p.name for p in t.extra_test_files] == ["run-tests.sh"]
+  # the build context never holds the tests or the solution
+  assert {"tests", "solution.sh", "run-tests.sh", "task.yaml"} <= set(t.context_exclude)
+
+
+def test_shipped_suite_loads():
+  tasks_dir = REPO / "tasks"
+  if not tasks_dir.is_dir():
+    pytest.skip("no shipped tasks/ folder")
+  tasks = load_tasks(tasks_dir)
+  families = {t.family for t in tasks if not t.name.startswith("upstream-")}
+  layouts = {t.layout for t in tasks}
+  assert len(tasks) >= 16 and len(families) >= 4
+  assert layouts == {LAYOUT_HARBOR, LAYOUT_TB1}
+  assert all(t.solution is not None for t in tasks)
+
+
+def _copy(tmp_path, name="harbor-greeting"):
+  dst = tmp_path / name
+  shutil.copytree(FIXTURES / name, dst)
+  return dst
+
+
+@pytest.mark.parametrize("edit, file, field", [
+    (lambda d: (d / "task.toml").write_text("version = \n"), "task.toml", "invalid TOML"),
+    (lambda d: (d / "task.toml").write_text('[verifier]\ntimeout_sec = "soon"\n'), "task.toml",
+     "verifier.timeout_sec"),
+    (lambda d: (d / "task.toml").write_text('[environment]\nmemory = "lots"\n'), "task.toml",
+     "environment.memory"),
+    (lambda d: (d / "task.toml").write_text('[environment]\ncpus = -1\n'), "task.toml", "environment.cpus"),
+    (lambda d: (d / "task.toml").write_text('[metadata]\ntags = "a"\ncategory = 3\n'), "task.toml",
+     "metadata.category"),
+    (lambda d: (d / "task.toml").write_text('metadata = 3\n'), "task.toml", "'metadata'"),
+    (lambda d: (d / "instruction.md").unlink(), "instruction.md", "missing file"),
+    (lambda d: (d / "instruction.md").write_text("  \n"), "instruction.md", "empty"),
+    (lambda d: (d / "environment" / "Dockerfile").unlink(), "Dockerfile", "missing file"),
+    (lambda d: (d / "tests" / "test.sh").unlink(), "test.sh", "missing file"),
+])
+def test_malformed_harbor_task_names_file_and_field(tmp_path, edit, file, field):
+  d = _copy(tmp_path)
+  edit(d)
+  with pytest.raises(TaskError) as e:
+    load_task(d)
+  assert file in str(e.value) and field in str(e.value)
+
+
+@pytest.mark.parametrize("text, field", [
+    ("difficulty: easy\n", "'instruction'"),
+    ("instruction: [1, 2]\n", "'instruction'"),
+    ("instruction: x\nmax_test_timeout_sec: 0\n", "max_test_timeout_sec"),
+    ("- a list\n", "top level"),
+    ("instruction: 'unclosed\n", "invalid YAML"),
+])
+def test_malformed_tb1_task_names_file_and_field(tmp_path, text, field):
+  d = _copy(tmp_path, "tb1-word-sum")
+  (d / "task.yaml").write_text(text)
+  with pytest.raises(TaskError) as e:
+    load_task(d)
+  assert "task.yaml" in str(e.value) and field in str(e.value)
+
+
+def test_not_a_task(tmp_path):
+  with pytest.raises(TaskError, match="neither task.toml"):
+    load_task(tmp_path)
+
+
+def test_parse_memory():
+  assert parse_memory("2G") == 2 * 2**30
+  assert parse_memory("512M") == 512 * 2**20
+  assert parse_memory("1.5GiB") == int(1.5 * 2**30)
+  assert parse_memory(4096) == 4096 * 2**20  # Harbor's memory_mb
+  with pytest.raises(ValueError):
+    parse_memory("2X")
+
+
+def test_image_map_rewrites_only_missing_images(caplog):
+  local = {"rsi-base", "mylocal:1"}
+  m = effective_image_map({"node:*": "rsi-base"}, "rsi-base")
+  text = ("FROM ubuntu:24.04 AS build\nRUN true\nFROM build\nFROM --platform=linux/amd64 python:3.12-slim\n"
+          "from mylocal:1\nFROM node:20\nFROM alpine:3\n")
+  with caplog.at_level(logging.INFO, logger="rsi_jax.env.tasks"):
+    new, changes = rewrite_dockerfile(text, m, lambda n: n in local)
+  assert new.splitlines() == ["FROM rsi-base AS build", "RUN true", "FROM build",
+                              "FROM --platform=linux/amd64 rsi-base", "from mylocal:1", "FROM rsi-base",
+                              "FROM alpine:3"]
+  assert changes == [("ubuntu:24.04", "rsi-base"), ("python:3.12-slim", "rsi-base"), ("node:20", "rsi-base")]
+  assert "ubuntu:24.04 is not available locally; using rsi-base" in caplog.text
+
+
+def test_configured_map_wins_over_defaults():
+  m = effective_image_map({"ubuntu:*": "other-base"}, "rsi-base")
+  new, _ = rewrite_dockerfile("FROM ubuntu:22.04\n", m, lambda n: False)
+  assert new == "FROM other-base\n"
+  new, _ = rewrite_dockerfile("FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624\n", m, lambda n: False)
+  assert new == "FROM rsi-base\n"

@@ -1,0 +1,96 @@
+"""Protected verification with real containers: the oracle passes, doing nothing fails, and an agent that
+peeks, plants reports, fakes pytest or plants pytest configuration gains nothing. Verifier faults are
+infrastructure failures."""
+
+import json
+
+import pytest
+
+from rsi_jax.env.harness import JsonHarness, OracleHarness, ScriptedPolicy
+from rsi_jax.env.pool import run_episode
+from rsi_jax.env.sandbox import VERIFIER_TIMEOUT
+from rsi_jax.env.verifier import tampered_paths
+from rsi_jax.policy import SamplingParams
+from rsi_jax.rl.ctrf import VerificationState
+
+pytestmark = pytest.mark.docker
+
+
+def agent(tokenizer, renderer, commands, done=True):
+  """A scripted JSON agent: one command per turn, then {"done": true}."""
+  replies = [json.dumps({"command": c}) for c in commands]
+  policy = ScriptedPolicy(tokenizer, replies, default='{"done": true}' if done else '{"command": "true"}')
+  return JsonHarness(policy, renderer, SamplingParams(max_new_tokens=1024), max_turns=len(commands) + 1,
+                     command_timeout_s=20)
+
+
+@pytest.mark.parametrize("name, passed", [("harbor-greeting", 3), ("tb1-word-sum", 2)])
+def test_oracle_passes_and_nothing_fails(docker_client, settings, fixture_tasks, tokenizer, renderer, name,
+                                         passed):
+  task = fixture_tasks[name]
+  ok = run_episode(task, OracleHarness(), docker_client, settings)
+  assert ok.outcome.state == VerificationState.OK, (ok.error, ok.verifier_output)
+  assert ok.success == 1 and ok.outcome.passed == passed and ok.outcome.total == passed
+  nothing = run_episode(task, agent(tokenizer, renderer, []), docker_client, settings)
+  assert nothing.outcome.state == VerificationState.OK and nothing.success == 0
+  assert nothing.outcome.total == passed and nothing.outcome.passed < passed
+  assert nothing.stop_reason == "done" and len(nothing.turns) == 1
+
+
+def test_tests_and_solution_are_invisible_to_the_agent(docker_client, settings, fixture_tasks, tokenizer,
+                                                       renderer):
+  probe = ("ls -a /tests /oracle /solution 2>&1; find / -xdev \\( -name 'test_outputs.py' -o -name 'solve.sh'"
+           " -o -name 'solution.sh' -o -name 'run-tests.sh' -o -name 'task.yaml' \\) 2>/dev/null; echo END")
+  for name in ("harbor-greeting", "tb1-word-sum"):
+    r = run_episode(fixture_tasks[name], agent(tokenizer, renderer, [probe]), docker_client, settings)
+    obs = json.loads(r.turns[0].observation)["output"]
+    assert obs.count("No such file or directory") == 3 and obs.rstrip().endswith("END"), obs
+    assert obs.splitlines()[-1] == "END" and len(obs.splitlines()) == 4, obs
+
+
+def test_planted_reports_do_not_count(docker_client, settings, fixture_tasks, tokenizer, renderer):
+  fake_ctrf = json.dumps({"results": {"tool": {"name": "pytest"}, "summary": {"tests": 3, "passed": 3},
+                                      "tests": [{"name": f"t{i}", "status": "passed"} for i in range(3)]}})
+  cmds = [
+      f"mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt && echo '{fake_ctrf}' > /logs/verifier/ctrf.json",
+      # a background writer that would re-plant the gate during verification
+      "nohup sh -c 'while :; do mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; sleep 0.01; done'"
+      " > /dev/null 2>&1 &",
+      # a planted pytest configuration at / that would turn every failure into a pass
+      "printf 'import pytest\\n@pytest.hookimpl(hookwrapper=True)\\ndef pytest_runtest_makereport(item, call):\\n"
+      "  o = yield\\n  r = o.get_result()\\n  r.outcome = \"passed\"\\n' > /conftest.py",
+  ]
+  r = run_episode(fixture_tasks["harbor-greeting"], agent(tokenizer, renderer, cmds), docker_client, settings)
+  assert r.outcome.state == VerificationState.OK
+  assert r.success == 0 and r.outcome.passed == 1 and r.outcome.total == 3  # only input_untouched passes
+
+
+def test_fake_pytest_on_path_does_not_fool_the_verifier(docker_client, settings, fixture_tasks, tokenizer,
+                                                        renderer):
+  fake = "#!/bin/sh\\nmkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; exit 0\\n"
+  # on the agent's own PATH (not the verifier's): the tests simply run and fail
+  cmds = [f"mkdir -p /app/bin && printf '{fake}' > /app/bin/pytest && chmod +x /app/bin/pytest && "
+          "export PATH=/app/bin:$PATH && which pytest"]
+  r = run_episode(fixture_tasks["tb1-word-sum"], agent(tokenizer, renderer, cmds), docker_client, settings)
+  assert "/app/bin/pytest" in r.turns[0].observation
+  assert r.outcome.state == VerificationState.OK and r.success == 0 and r.outcome.passed == 0
+  # on the system PATH, and the interpreter replaced: tampering fails the episode
+  cmds = [f"printf '{fake}' > /usr/local/bin/pytest && chmod +x /usr/local/bin/pytest",
+          f"printf '{fake}' > /usr/local/bin/python3 && chmod +x /usr/local/bin/python3"]
+  r = run_episode(fixture_tasks["harbor-greeting"], agent(tokenizer, renderer, cmds), docker_client, settings)
+  assert r.success == 0 and r.outcome.state == VerificationState.INVALID_REPORT
+  assert "tampered" in r.outcome.reason and "/usr/local/bin/pytest" in r.error
+
+
+def test_tampered_paths():
+  changed = ["/usr", "/usr/bin", "/usr/bin/python3.11", "/usr/lib/python3/dist-packages/_pytest/x.py",
+             "/usr/lib/python3.11/__pycache__/os.cpython-311.pyc", "/usr/local/bin/pytest", "/app/out.txt",
+             "/usr/local/bin/mytool", "/etc/ld.so.preload", "/tmp/x"]
+  assert tampered_paths(changed) == ["/usr/bin/python3.11", "/usr/lib/python3/dist-packages/_pytest/x.py",
+                                     "/usr/local/bin/pytest", "/etc/ld.so.preload"]
+
+
+def test_hanging_verifier_is_an_infrastructure_failure(docker_client, settings, fixture_tasks):
+  r = run_episode(fixture_tasks["harbor-hanging-verifier"], OracleHarness(), docker_client, settings)
+  assert r.infra_failure and r.failure_kind == VERIFIER_TIMEOUT and r.success is None
+  assert r.verify_s < 30
