@@ -19,7 +19,7 @@ It prints one table row per task (family, checks, passed checks in both runs, ve
 non-zero when any task misbehaves. The env part's own tests exercise the same tasks through the real
 loader / sandbox / harness; this is the quick standalone check used while writing tasks.
 
-Usage: ``python scripts/validate_tasks.py [--tasks-dir tasks] [--base rsi-base] [NAME ...]``.
+Usage: ``python scripts/validate_tasks.py [--tasks-dir tasks] [--base rsi-base] [--lint-only] [NAME ...]``.
 """
 
 from __future__ import annotations
@@ -233,19 +233,42 @@ def validate(task: Path, base: str) -> Result:
   return res
 
 
+def task_dirs(tasks_dir: Path, names: list[str]) -> list[Path]:
+  tasks = sorted(p for p in tasks_dir.iterdir()
+                 if p.is_dir() and ((p / "task.toml").is_file() or (p / "task.yaml").is_file()))
+  return [p for p in tasks if p.name in set(names)] if names else tasks
+
+
+def lint_all(tasks_dir: Path, names: list[str]) -> int:
+  """Static checks of every task (no Docker): files, keys, leaks, and that the test files compile."""
+  bad = 0
+  for task in task_dirs(tasks_dir, names):
+    res = Result(task.name, layout="harbor" if (task / "task.toml").is_file() else "tb1")
+    lint(task, res)
+    test_file = task / "tests" / "test_outputs.py"
+    if test_file.is_file():
+      try:
+        compile(test_file.read_text(), str(test_file), "exec")
+      except SyntaxError as e:
+        res.problems.append(f"tests/test_outputs.py does not compile: {e}")
+    bad += not res.ok
+    print(f"{res.name:40s} {res.family:22s} {res.layout:6s} " + ("ok" if res.ok else "; ".join(res.problems)))
+  return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("names", nargs="*", help="task folder names (default: all)")
   ap.add_argument("--tasks-dir", type=Path, default=REPO_ROOT / "tasks")
   ap.add_argument("--base", default="rsi-base", help="local image that unknown FROM images map to")
+  ap.add_argument("--lint-only", action="store_true", help="static checks only (no Docker)")
   args = ap.parse_args(argv)
+  if args.lint_only:
+    return lint_all(args.tasks_dir, args.names)
   if not image_exists(args.base):
     print(f"base image {args.base!r} is missing (scripts/build_base_image.sh builds it)", file=sys.stderr)
     return 2
-  tasks = sorted(p for p in args.tasks_dir.iterdir()
-                 if p.is_dir() and ((p / "task.toml").is_file() or (p / "task.yaml").is_file()))
-  if args.names:
-    tasks = [p for p in tasks if p.name in set(args.names)]
+  tasks = task_dirs(args.tasks_dir, args.names)
   header = (f"{'task':40s} {'family':22s} {'layout':6s} {'checks':>6s} {'solved':>9s} {'untouched':>9s} "
             f"{'partial':>9s} {'verify_s':>8s}")
   print(header)
