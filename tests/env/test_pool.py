@@ -1,0 +1,59 @@
+"""EnvPool over the shipped suite: the oracle passes every task, a do-nothing agent fails every task,
+infrastructure failures are counted by kind, episodes spread over several endpoints."""
+
+import shutil
+
+import pytest
+
+from rsi_jax.env.harness import JsonHarness, OracleHarness, ScriptedPolicy
+from rsi_jax.env.pool import EnvPool
+from rsi_jax.env.sandbox import BUILD_FAILED, VERIFIER_TIMEOUT
+from rsi_jax.env.tasks import load_task, load_tasks
+from rsi_jax.policy import SamplingParams
+from rsi_jax.rl.ctrf import VerificationState
+
+from .conftest import FIXTURES, REPO
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def suite():
+  if not (REPO / "tasks").is_dir():
+    pytest.skip("no shipped tasks/ folder")
+  return load_tasks(REPO / "tasks")
+
+
+def test_shipped_suite_oracle_passes_and_nothing_fails(docker_client, settings, suite, tokenizer, renderer):
+  nothing = lambda: JsonHarness(ScriptedPolicy(tokenizer, []), renderer, SamplingParams(), max_turns=1)
+  with EnvPool(settings, concurrency=4) as pool:
+    pool.prebuild(suite)
+    oracle = pool.run([(t, OracleHarness()) for t in suite])
+    idle = pool.run([(t, nothing) for t in suite])
+  bad = [(r.task, r.outcome.reason, r.error, r.verifier_output[-500:]) for r in oracle if r.success != 1]
+  assert not bad
+  assert all(r.outcome.state == VerificationState.OK and r.outcome.passed == r.outcome.total > 0 for r in oracle)
+  assert all(r.outcome.state == VerificationState.OK and r.success == 0 for r in idle), \
+      [(r.task, r.outcome.reason) for r in idle if r.success != 0]
+  # partial credit exists but never the full count
+  assert all(r.outcome.passed < r.outcome.total for r in idle)
+  upstream = [r for r in oracle if r.task.startswith("upstream-")]
+  assert {r.task.split("-")[1] for r in upstream} == {"tb1", "tb2"}
+  assert pool.counts["episodes"] == 2 * len(suite) and pool.counts["infra_failures"] == 0
+
+
+def test_infrastructure_failures_are_counted(docker_client, settings, fixture_tasks, tmp_path):
+  broken = tmp_path / "harbor-broken-build"
+  shutil.copytree(FIXTURES / "harbor-greeting", broken)
+  (broken / "environment" / "Dockerfile").write_text("FROM rsi-base\nRUN exit 3\n")
+  jobs = [(fixture_tasks["harbor-greeting"], OracleHarness()), (load_task(broken), OracleHarness()),
+          (fixture_tasks["harbor-hanging-verifier"], OracleHarness())]
+  # two endpoints reaching the same local daemon: the default socket and its explicit URL
+  with EnvPool(settings, hosts=["", "unix:///var/run/docker.sock"], concurrency=3) as pool:
+    ok, build, hang = pool.run(jobs)
+  assert ok.success == 1 and not ok.infra_failure
+  assert build.infra_failure and build.failure_kind == BUILD_FAILED and "harbor-broken-build" in build.error
+  assert hang.infra_failure and hang.failure_kind == VERIFIER_TIMEOUT
+  assert pool.counts["infra_failures"] == 2
+  assert pool.counts[f"infra:{BUILD_FAILED}"] == 1 and pool.counts[f"infra:{VERIFIER_TIMEOUT}"] == 1
+  assert {r.endpoint for r in (ok, build, hang)} == {"", "unix:///var/run/docker.sock"}
