@@ -1,0 +1,98 @@
+"""Environment throughput: episodes per minute for N concurrent oracle episodes vs the same N run one after
+another, container start latency, and per-command latency of the persistent shell.
+
+Usage: .venv/bin/python benchmarks/bench_env.py [--episodes 16] [--concurrency 16] [--tasks-dir tasks]
+Needs a Docker daemon and rsi-base (scripts/docker_up.sh, scripts/build_base_image.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+from rsi_jax.env.harness import OracleHarness
+from rsi_jax.env.pool import EnvPool, EnvSettings
+from rsi_jax.env.sandbox import DockerSandbox, docker_client, reap_containers
+from rsi_jax.env.tasks import load_tasks
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _pct(xs, q):
+  xs = sorted(xs)
+  return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def bench_start(client, run_id, n):
+  """Container start latency (create + start) and the first command's latency after it."""
+  starts, firsts, cmds = [], [], []
+  for _ in range(n):
+    b = DockerSandbox(client, "rsi-base", run_id=run_id, task_name="bench-start")
+    t0 = time.perf_counter()
+    with b:
+      t1 = time.perf_counter()
+      b.run("true")
+      t2 = time.perf_counter()
+      for _ in range(3):
+        t = time.perf_counter()
+        b.run("echo hi")
+        cmds.append(time.perf_counter() - t)
+    starts.append(t1 - t0)
+    firsts.append(t2 - t1)
+  return starts, firsts, cmds
+
+
+def bench_episodes(settings, tasks, n, concurrency):
+  jobs = [(tasks[i % len(tasks)], OracleHarness()) for i in range(n)]
+  with EnvPool(settings, concurrency=concurrency, reap=False) as pool:
+    t0 = time.perf_counter()
+    res = pool.run(jobs)
+    dt = time.perf_counter() - t0
+  ok = sum(r.success == 1 for r in res)
+  return dt, ok, res
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--episodes", type=int, default=16)
+  ap.add_argument("--concurrency", type=int, default=16)
+  ap.add_argument("--starts", type=int, default=10)
+  ap.add_argument("--tasks-dir", default=str(REPO / "tasks"))
+  args = ap.parse_args()
+
+  client = docker_client()
+  run_id = f"bench-{uuid.uuid4().hex[:8]}"
+  settings = EnvSettings(run_id=run_id)
+  tasks = load_tasks(args.tasks_dir)
+  try:
+    starts, firsts, cmds = bench_start(client, run_id, args.starts)
+    print(f"container start (create+start): median {statistics.median(starts) * 1e3:.0f} ms, "
+          f"p90 {_pct(starts, 0.9) * 1e3:.0f} ms over {len(starts)}")
+    print(f"first command after start:     median {statistics.median(firsts) * 1e3:.0f} ms")
+    print(f"command latency (echo):        median {statistics.median(cmds) * 1e3:.0f} ms, "
+          f"p90 {_pct(cmds, 0.9) * 1e3:.0f} ms over {len(cmds)}")
+
+    with EnvPool(settings, concurrency=8, reap=False) as pool:  # image builds are not what is measured
+      t0 = time.perf_counter()
+      pool.prebuild(tasks)
+      print(f"prebuild of {len(tasks)} task images: {time.perf_counter() - t0:.1f} s")
+
+    seq_dt, seq_ok, _ = bench_episodes(settings, tasks, args.episodes, 1)
+    con_dt, con_ok, res = bench_episodes(settings, tasks, args.episodes, args.concurrency)
+    seq_rate, con_rate = 60 * args.episodes / seq_dt, 60 * args.episodes / con_dt
+    print(f"sequential:    {args.episodes} oracle episodes in {seq_dt:6.1f} s = {seq_rate:6.1f} episodes/min "
+          f"({seq_ok}/{args.episodes} passed)")
+    print(f"concurrent x{args.concurrency}: {args.episodes} oracle episodes in {con_dt:6.1f} s = "
+          f"{con_rate:6.1f} episodes/min ({con_ok}/{args.episodes} passed)")
+    print(f"speed-up concurrent / sequential: {con_rate / seq_rate:.2f}x")
+    phase = {k: statistics.median(getattr(r, k) for r in res) for k in ("start_s", "agent_s", "verify_s", "total_s")}
+    print("concurrent episode phases (median s): " + ", ".join(f"{k[:-2]} {v:.2f}" for k, v in phase.items()))
+  finally:
+    reap_containers(client, run_id)
+
+
+if __name__ == "__main__":
+  main()
