@@ -55,6 +55,7 @@ class Turn:
   logprobs: np.ndarray  # (n,) float32, sampler log-probabilities
   finish_reason: str
   weight_version: int
+  version_changed: bool = False  # a weight swap happened while this turn was sampled (sampler "mark" policy)
   text: str = ""  # decoded sampled ids (for logs and parsing only)
   command: str | None = None
   done: bool = False
@@ -237,7 +238,7 @@ class ChatHarness(Harness):
     ids = np.asarray(comp.token_ids, np.int32)
     text = self.renderer.decode([i for i in ids.tolist() if i not in self.renderer.eos_ids])
     return Turn(index, seg, kind, np.asarray(prompt, np.int32), ids, np.asarray(comp.logprobs, np.float32),
-                comp.finish_reason, int(comp.weight_version), text=text)
+                comp.finish_reason, int(comp.weight_version), bool(comp.version_changed), text=text)
 
   def _act(self, sandbox, turn: Turn, deadline: float):
     if turn.error:

@@ -58,8 +58,10 @@ BUILD_FAILED = "build_failed"
 VERIFIER_TIMEOUT = "verifier_timeout"
 VERIFIER_ERROR = "verifier_error"
 
-# PID 1: a bash that reaps orphans, survives `kill -9 -1` (PID 1 is exempt) and stops promptly on SIGTERM.
-INIT_CMD = ["/bin/bash", "-c", "trap 'exit 0' TERM INT; while :; do /usr/bin/sleep 86400 & wait $!; done"]
+# PID 1: a bash that reaps orphans. It installs no signal handler, so as a namespace's init it ignores every
+# signal sent from inside (an agent cannot end its own container) and survives `kill -KILL -1`; teardown
+# kills it from outside.
+INIT_CMD = ["/bin/bash", "-c", "while :; do /usr/bin/sleep 86400 & wait $!; done"]
 
 # One agent command. argv: $1 command id, $2 timeout (s), $3 output cap (bytes); env RSI_CMD: the command.
 _SHELL_SCRIPT = r"""

@@ -42,6 +42,18 @@ def test_shipped_suite_oracle_passes_and_nothing_fails(docker_client, settings, 
   assert pool.counts["episodes"] == 2 * len(suite) and pool.counts["infra_failures"] == 0
 
 
+class _BrokenPolicy:
+  def generate(self, prompt_ids, params):
+    raise RuntimeError("sampler went away")
+
+
+def test_policy_error_is_recorded_not_raised(docker_client, settings, fixture_tasks, renderer):
+  from rsi_jax.env.pool import AGENT_ERROR, run_episode
+  h = JsonHarness(_BrokenPolicy(), renderer, SamplingParams())
+  r = run_episode(fixture_tasks["harbor-greeting"], h, docker_client, settings)
+  assert r.infra_failure and r.failure_kind == AGENT_ERROR and "sampler went away" in r.error
+
+
 def test_infrastructure_failures_are_counted(docker_client, settings, fixture_tasks, tmp_path):
   broken = tmp_path / "harbor-broken-build"
   shutil.copytree(FIXTURES / "harbor-greeting", broken)

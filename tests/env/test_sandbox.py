@@ -111,6 +111,12 @@ def test_lockdown_and_labels(box, run_id):
   assert box.run("chown nobody /tmp").exit_code != 0  # CAP_CHOWN is dropped
 
 
+def test_agent_cannot_end_its_container(box):
+  r = box.run("kill -TERM 1; kill -INT 1; kill -KILL 1; echo still here")
+  assert r.output.endswith("still here\n")
+  assert box.is_running() and box.run("echo alive").output == "alive\n"
+
+
 def test_file_copy_in_and_out(box, tmp_path):
   box.put_files({"/data/in/a.txt": "alpha\n", "/data/in/b.bin": bytes(range(256))}, mode=0o600)
   assert box.get_file("/data/in/b.bin") == bytes(range(256))
