@@ -420,6 +420,10 @@ class DockerSandbox:
       if status == "TIMEOUT":
         msg = f"\n[command timed out after {timeout_s:g}s and was killed]"
         return CommandResult(out + msg, 124, True, dt)
+      # Killed, not by its watchdog: when the container is being killed, its processes die before its
+      # status changes, so look again after a moment.
+      time.sleep(0.5)
+      self._check_alive("a command")
       return CommandResult(out, 137, False, dt)
     code = int(out[end + len(_END):].rstrip(b"\x1e") or res.exit_code or 0)
     return CommandResult(out[:end].decode("utf-8", "replace"), code, False, dt)
@@ -445,6 +449,7 @@ class DockerSandbox:
     killed = code == 137
     timed_out = killed and dt >= timeout_s - 0.5
     if killed and not timed_out:
+      time.sleep(0.5)  # (see run: a container being killed still shows as running for a moment)
       self._check_alive(argv[0])
     return CommandResult(out.decode("utf-8", "replace"), code, timed_out, dt)
 
