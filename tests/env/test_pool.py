@@ -54,6 +54,27 @@ def test_policy_error_is_recorded_not_raised(docker_client, settings, fixture_ta
   assert r.infra_failure and r.failure_kind == AGENT_ERROR and "sampler went away" in r.error
 
 
+def test_container_killed_mid_episode(docker_client, settings, fixture_tasks, tokenizer, renderer):
+  import threading
+  import time
+  from rsi_jax.env.pool import run_episode
+  from rsi_jax.env.sandbox import CONTAINER_DIED, LABEL_EPISODE
+
+  def kill_it():
+    for _ in range(100):
+      found = docker_client.containers.list(filters={"label": f"{LABEL_EPISODE}=killme"})
+      if found:
+        time.sleep(1.0)
+        found[0].kill()
+        return
+      time.sleep(0.1)
+
+  h = JsonHarness(ScriptedPolicy(tokenizer, ['{"command": "sleep 30"}']), renderer, SamplingParams())
+  threading.Thread(target=kill_it, daemon=True).start()
+  r = run_episode(fixture_tasks["harbor-greeting"], h, docker_client, settings, episode_id="killme")
+  assert r.infra_failure and r.failure_kind == CONTAINER_DIED and r.success is None
+
+
 def test_infrastructure_failures_are_counted(docker_client, settings, fixture_tasks, tmp_path):
   broken = tmp_path / "harbor-broken-build"
   shutil.copytree(FIXTURES / "harbor-greeting", broken)
