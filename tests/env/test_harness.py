@@ -4,7 +4,6 @@ malformed actions, limits, proactive summarization into linear segments, the XML
 import json
 import time
 
-import numpy as np
 import pytest
 
 from rsi_jax.env.harness import (STOP_AGENT_TIMEOUT, STOP_DONE, STOP_MAX_TURNS, TURN_ACTION, TURN_SUMMARY,
