@@ -140,9 +140,10 @@ _CLIENTS: dict = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
-def docker_client(host: str | None = None, timeout_s: float = 900.0, pool_size: int = 64):
+def docker_client(host: str | None = None, timeout_s: float = 3600.0, pool_size: int = 64):
   """A shared client for one endpoint: None / "" = the local daemon (DOCKER_HOST or the default socket),
-  else a ``unix://``, ``tcp://`` or ``ssh://`` URL. Raises SandboxError(docker_error) if it does not answer."""
+  else a ``unix://``, ``tcp://`` or ``ssh://`` URL. Raises SandboxError(docker_error) if it does not answer.
+  ``timeout_s`` bounds one API call; commands are bounded by their own (shorter) in-container watchdogs."""
   key = (host or "", timeout_s, pool_size)
   with _CLIENTS_LOCK:
     c = _CLIENTS.get(key)
@@ -217,7 +218,7 @@ def build_task_image(client, task: Task, image_map: Mapping[str, str] = {}, netw
   except docker.errors.DockerException as e:
     raise SandboxError(DOCKER_ERROR, f"{task.name}: {e}") from None
   with _BUILD_LOCKS_LOCK:
-    lock = _BUILD_LOCKS.setdefault(tag, threading.Lock())
+    lock = _BUILD_LOCKS.setdefault(f"{client.api.base_url} {tag}", threading.Lock())
   with lock:
     if _image_exists(client, tag):
       return tag
