@@ -229,7 +229,7 @@ class SamplerConfig:
   num_slots: int = 8  # concurrent decode slots (continuous batching)
   max_prefill_length: int = 256
   prefill_buckets: tuple = (32, 64, 128, 256)
-  max_cache_length: int = 512  # prompt + generated tokens per slot
+  max_cache_length: int = 512  # per slot: max_prefill_length prompt entries + the rest for generated tokens
   swap_policy: str = "finish_on_old"  # finish_on_old | mark
   prompt_overflow: str = "reject"  # prompt > max_prefill_length: reject (finish "prompt_too_long") | error | truncate_left
   num_devices: int = 1  # devices of the sampling mesh (all on MaxText's tensor axis)
@@ -240,8 +240,8 @@ class SamplerConfig:
     _check(self.prompt_overflow in ("reject", "error", "truncate_left"), f"{p}.prompt_overflow",
            f"must be 'reject', 'error' or 'truncate_left', got {self.prompt_overflow!r}")
     _check(self.num_devices > 0, f"{p}.num_devices", f"must be > 0, got {self.num_devices}")
-    _check(self.max_cache_length >= self.max_prefill_length, f"{p}.max_cache_length",
-           f"must be >= max_prefill_length ({self.max_prefill_length})")
+    _check(self.max_cache_length > self.max_prefill_length, f"{p}.max_cache_length",
+           f"must be > max_prefill_length ({self.max_prefill_length}): generated tokens need room")
     _check(all(b > 0 for b in self.prefill_buckets), f"{p}.prefill_buckets", "must be positive")
     _check(list(self.prefill_buckets) == sorted(self.prefill_buckets), f"{p}.prefill_buckets",
            "must be increasing")

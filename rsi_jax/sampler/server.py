@@ -68,8 +68,9 @@ class SamplerServer:
   Args:
     engine: the decode engine.
     params: actor params (any mesh; resharded onto the sampling mesh).
-    tokenizer: anything with ``decode(ids) -> str`` (needed only for stop strings); its
-      ``eos_token_ids``, when present, are the default end-of-sequence ids.
+    tokenizer: anything with ``decode(ids) -> str`` (needed only for stop strings), e.g.
+      :func:`rsi_jax.models.tokenizer.load_tokenizer`; its ``eos_ids``, when present, are the default
+      end-of-sequence ids.
     eos_token_ids: ids that end a completion (finish "eos"), in addition to each request's stop ids.
     swap_policy: "finish_on_old" or "mark" (module docstring).
     prompt_overflow: what a prompt longer than ``engine.max_prefill_length`` gets: "reject" (a completion
@@ -89,7 +90,7 @@ class SamplerServer:
     self.engine = engine
     self.tokenizer = tokenizer
     if eos_token_ids is None:
-      eos_token_ids = getattr(tokenizer, "eos_token_ids", QWEN3_EOS_IDS)
+      eos_token_ids = getattr(tokenizer, "eos_ids", QWEN3_EOS_IDS)
     self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
     self.swap_policy = swap_policy
     self.prompt_overflow = prompt_overflow
@@ -112,6 +113,10 @@ class SamplerServer:
 
   @classmethod
   def from_config(cls, cfg: Config, params, *, tokenizer=None, devices=None, **kw) -> "SamplerServer":
+    """The server the ``sampler`` section describes; the tokenizer defaults to ``model.tokenizer_path``'s."""
+    if tokenizer is None:
+      from rsi_jax.models.tokenizer import load_tokenizer
+      tokenizer = load_tokenizer(cfg.model.tokenizer_path)
     s = cfg.sampler
     kw.setdefault("swap_policy", s.swap_policy)
     kw.setdefault("prompt_overflow", s.prompt_overflow)
@@ -282,7 +287,7 @@ class SamplerServer:
     reason = None
     if token in req.stop_ids:
       reason = P.FINISH_EOS
-    elif sp.stop_strings and self._stop_string_hit(req):
+    elif sp.stop_strings and stop_string_hit(self.tokenizer, req.tokens, sp.stop_strings):
       reason = P.FINISH_STOP
     elif n >= sp.max_new_tokens:
       reason = P.FINISH_LENGTH
@@ -298,11 +303,13 @@ class SamplerServer:
         version_changed=req.version != req.start_version))
     return True
 
-  def _stop_string_hit(self, req: _Request) -> bool:
-    """Whether a stop string ends within the newest token's text.
 
-    Only a tail window is decoded: a string of c characters spans at most c tokens (every token decodes to
-    at least one character, up to a few partial UTF-8 bytes), so earlier occurrences were caught earlier."""
-    width = max(len(s) for s in req.params.stop_strings) + 4
-    text = self.tokenizer.decode(req.tokens[-width:])
-    return any(s in text for s in req.params.stop_strings)
+def stop_string_hit(tokenizer, tokens: Sequence[int], stop_strings: Sequence[str]) -> bool:
+  """Whether a stop string occurs in the decoded tail of ``tokens`` (checked after every new token).
+
+  Only a tail window is decoded: a string of c characters spans at most c tokens (every token decodes to
+  at least one character, up to a few partial UTF-8 bytes), so an occurrence that ended earlier was caught
+  when it did."""
+  width = max(len(s) for s in stop_strings) + 4
+  text = tokenizer.decode(list(tokens[-width:]))
+  return any(s in text for s in stop_strings)

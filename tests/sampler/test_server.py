@@ -145,3 +145,19 @@ def test_weight_swap(engine, actor, actor_params, actor_params_b, policy):
     assert old.weight_version == 1 and old.version_changed
     np.testing.assert_allclose(old.logprobs[:4], ref_old[:4], atol=TOL)
     assert not np.allclose(old.logprobs, ref_old, atol=TOL)
+
+
+def test_stop_string_window_with_the_qwen3_tokenizer():
+  """Fed one token at a time, the tail-window check fires exactly at the token that completes the string."""
+  from rsi_jax.models.tokenizer import load_tokenizer
+  from rsi_jax.sampler.server import stop_string_hit
+  tok = load_tokenizer()
+  ids = tok.encode("Running tests...\nAll 12 passed. DONE_MARKER\nbye")
+  for stop in ("DONE_MARKER", "passed.", "\nbye", "ü"):
+    text = tok.decode(ids)
+    hits = [k for k in range(1, len(ids) + 1) if stop_string_hit(tok, ids[:k], (stop,))]
+    if stop not in text:
+      assert hits == []
+      continue
+    first = next(k for k in range(1, len(ids) + 1) if stop in tok.decode(ids[:k]))
+    assert hits and hits[0] == first

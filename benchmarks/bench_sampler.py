@@ -1,0 +1,174 @@
+"""Sampler throughput, side by side in one run.
+
+Part 1 (``--requests`` concurrent requests x ``--new-tokens`` tokens each, prompts of mixed lengths, no EOS):
+
+* continuous batching — :class:`SamplerServer` with one slot per request, all submitted at once;
+* one at a time — the same engine shape with a single slot, requests submitted one after another (KV cache,
+  no batching);
+* naive — no KV cache: every step runs the whole prefix of all requests through the model again (padded
+  to a multiple of 64 so it compiles a few times, not every step) and samples the next token.
+
+Part 2 (``--decode-batch B``): raw engine decode throughput with B occupied slots (``generate`` only).
+
+Compilation is excluded: each path is warmed up on the same shapes first. Prints tokens/s and ratios.
+
+  python benchmarks/bench_sampler.py                                  # tiny Qwen3, real vocabulary, CPU
+  python benchmarks/bench_sampler.py --model qwen3-0.6b --decode-batch 64   # on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rsi_jax import policy as P
+from rsi_jax.config import load_config, with_overrides
+from rsi_jax.sampler.engine import build_engine
+from rsi_jax.sampler.sampling import sample_tokens, token_key
+from rsi_jax.sampler.server import SamplerServer
+
+
+def parse_args():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--model", default="qwen3-tiny")
+  ap.add_argument("--requests", type=int, default=8)
+  ap.add_argument("--new-tokens", type=int, default=256)
+  ap.add_argument("--max-prompt", type=int, default=64, help="prompts have lengths spread over [8, this]")
+  ap.add_argument("--decode-batch", type=int, default=0, help="also time raw decode at this many slots")
+  ap.add_argument("--decode-steps", type=int, default=128)
+  ap.add_argument("--skip", default="", help="comma list of parts to skip: single,naive,part1")
+  ap.add_argument("overrides", nargs="*", help="config key=value overrides")
+  return ap.parse_args()
+
+
+def make_cfg(args, num_slots):
+  return load_config(None, [f"model_name={args.model}", f"sampler.num_slots={num_slots}",
+                            f"sampler.max_prefill_length={args.max_prompt}",
+                            f"sampler.prefill_buckets=[{args.max_prompt}]",
+                            f"sampler.max_cache_length={args.max_prompt + args.new_tokens}",
+                            f"model.max_target_length={args.max_prompt + args.new_tokens + 64}",
+                            *args.overrides])
+
+
+def prompts(args):
+  rng = np.random.default_rng(0)
+  lens = np.linspace(8, args.max_prompt, args.requests).astype(int)
+  return [rng.integers(0, 1000, n).tolist() for n in lens]
+
+
+def run_server(server, reqs, sp, concurrent):
+  t = time.perf_counter()
+  if concurrent:
+    outs = [f.result() for f in [server.submit(p, sp) for p in reqs]]
+  else:
+    outs = [server.generate(p, sp) for p in reqs]
+  dt = time.perf_counter() - t
+  return sum(len(o.token_ids) for o in outs), dt
+
+
+def naive_decode(step_fn, params, reqs, new_tokens, sp):
+  """Recompute the whole prefix of every request at every step (no KV cache), batched over requests."""
+  b = len(reqs)
+  seqs = [list(p) for p in reqs]
+  keys = jax.random.split(jax.random.key(0), b)
+  temp = jnp.full((b,), sp.temperature, jnp.float32)
+  top_k = jnp.zeros((b,), jnp.int32)
+  top_p = jnp.ones((b,), jnp.float32)
+  for step in range(new_tokens):
+    lens = np.array([len(s) for s in seqs])
+    t = int(-(-lens.max() // 64) * 64)
+    tokens = np.zeros((b, t), np.int32)
+    for i, s in enumerate(seqs):
+      tokens[i, :len(s)] = s
+    tok, _ = step_fn(params, jnp.asarray(tokens), jnp.asarray(lens, jnp.int32),
+                     jax.vmap(token_key)(keys, jnp.full((b,), step)), temp, top_k, top_p)
+    tok = np.asarray(tok)
+    for i in range(b):
+      seqs[i].append(int(tok[i]))
+  return b * new_tokens
+
+
+def naive_step_fn(actor, engine):
+  """Jitted (params, padded tokens (B, T), lengths (B,), keys, temperature, top_k, top_p) -> next tokens:
+  the actor's full forward over every prefix, then the engine's head and sampler at each last position."""
+
+  def step(params, tokens, lens, keys, temp, top_k, top_p):
+    pos = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    seg = (pos < lens[:, None]).astype(jnp.int32)
+    h = actor.final_hidden(params, tokens, pos, seg)
+    last = jnp.take_along_axis(h, (lens - 1)[:, None, None], axis=1)[:, 0]
+    return sample_tokens(engine._logits(params, last), keys, temp, top_k, top_p)
+
+  return jax.jit(step)
+
+
+def decode_throughput(args):
+  """Raw engine decode with every slot occupied: tokens/s of ``generate``."""
+  cfg = make_cfg(args, args.decode_batch)
+  engine = build_engine(cfg)
+  params = engine.init_params(0)
+  state = engine.init_decode_state()
+  for slot, p in enumerate((prompts(args) * args.decode_batch)[:args.decode_batch]):
+    state = engine.insert(engine.prefill(params, p, jax.random.key(slot)), state, slot)
+  steps = min(args.decode_steps, engine.ar_capacity)
+  state, res = engine.generate(params, state)  # compile
+  jax.block_until_ready(res.tokens)
+  t = time.perf_counter()
+  for _ in range(steps - 1):
+    state, res = engine.generate(params, state)
+  jax.block_until_ready(res.tokens)
+  dt = time.perf_counter() - t
+  n = args.decode_batch * (steps - 1)
+  print(f"decode  batch {args.decode_batch:3d}: {n / dt:10.1f} tokens/s  ({dt / (steps - 1) * 1e3:.2f} ms/step, "
+        f"{steps - 1} steps, cache {cfg.sampler.max_cache_length})")
+
+
+def main():
+  args = parse_args()
+  skip = set(filter(None, args.skip.split(",")))
+  print(f"jax {jax.__version__} on {jax.devices()[0].device_kind} x{len(jax.devices())}; model {args.model}")
+  if "part1" not in skip:
+    reqs = prompts(args)
+    sp = P.SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
+    warm = P.SamplingParams(temperature=1.0, max_new_tokens=3, seed=0)
+    cfg = make_cfg(args, args.requests)
+    engine = build_engine(cfg)
+    params = engine.init_params(0)
+    results = {}
+    with SamplerServer(engine, params, eos_token_ids=()) as server:
+      run_server(server, reqs, warm, True)
+      results["continuous batching"] = run_server(server, reqs, sp, True)
+    if "single" not in skip:
+      cfg1 = with_overrides(cfg, {"sampler": {"num_slots": 1}})
+      engine1 = build_engine(cfg1)
+      with SamplerServer(engine1, params, eos_token_ids=()) as server:
+        run_server(server, reqs[:1], warm, False)
+        results["one at a time"] = run_server(server, reqs, sp, False)
+    if "naive" not in skip:
+      from rsi_jax.models.actor import Actor
+      step = naive_step_fn(Actor(cfg, engine.mesh), engine)
+      for t in range(64, args.max_prompt + args.new_tokens + 64, 64):  # compile every padded length
+        naive_decode(step, params, [list(range(1, min(t, args.max_prompt + args.new_tokens)))] * len(reqs), 1,
+                     sp)
+      t0 = time.perf_counter()
+      n = naive_decode(step, params, reqs, args.new_tokens, sp)
+      results["naive (recompute prefix)"] = (n, time.perf_counter() - t0)
+    print(f"{args.requests} requests x {args.new_tokens} new tokens, prompts {len(reqs[0])}..{len(reqs[-1])}")
+    base = results.get("naive (recompute prefix)")
+    for name, (n, dt) in results.items():
+      ratio = f"  {n / dt / (base[0] / base[1]):6.2f}x naive" if base else ""
+      print(f"  {name:26s} {n:6d} tokens {dt:8.2f} s {n / dt:10.1f} tokens/s{ratio}")
+    if "one at a time" in results:
+      (n1, d1), (nc, dc) = results["one at a time"], results["continuous batching"]
+      print(f"  continuous / one-at-a-time: {(nc / dc) / (n1 / d1):.2f}x")
+  if args.decode_batch:
+    decode_throughput(args)
+
+
+if __name__ == "__main__":
+  main()
