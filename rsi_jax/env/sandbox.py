@@ -506,10 +506,11 @@ class DockerSandbox:
         return None
       return tar.extractfile(m).read(max_bytes)
 
-  def changed_paths(self) -> list[str]:
-    """Paths added, changed or deleted relative to the image (``docker diff``)."""
+  def changes(self) -> list[dict]:
+    """Changes relative to the image (``docker diff``): [{"Path": ..., "Kind": 0 modified | 1 added |
+    2 deleted}]."""
     try:
-      return [d["Path"] for d in (self.container.diff() or [])]
+      return list(self.container.diff() or [])
     except docker.errors.DockerException as e:
       self._check_alive("a diff")
       raise SandboxError(DOCKER_ERROR, f"diff failed: {e}") from None

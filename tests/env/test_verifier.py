@@ -2,6 +2,7 @@
 peeks, plants reports, fakes pytest or plants pytest configuration gains nothing. Verifier faults are
 infrastructure failures."""
 
+import base64
 import json
 
 import pytest
@@ -83,11 +84,31 @@ def test_fake_pytest_on_path_does_not_fool_the_verifier(docker_client, settings,
 
 
 def test_tampered_paths():
-  changed = ["/usr", "/usr/bin", "/usr/bin/python3.11", "/usr/lib/python3/dist-packages/_pytest/x.py",
-             "/usr/lib/python3.11/__pycache__/os.cpython-311.pyc", "/usr/local/bin/pytest", "/app/out.txt",
-             "/usr/local/bin/mytool", "/etc/ld.so.preload", "/tmp/x"]
-  assert tampered_paths(changed) == ["/usr/bin/python3.11", "/usr/lib/python3/dist-packages/_pytest/x.py",
-                                     "/usr/local/bin/pytest", "/etc/ld.so.preload"]
+  M, A, D = 0, 1, 2
+  changed = [("/usr", M), ("/usr/bin", M), ("/usr/bin/python3.11", M), ("/usr/bin/mkdir", M),
+             ("/usr/bin/sleep", D), ("/usr/local/bin/mytool", A), ("/usr/local/bin/pytest", A),
+             ("/usr/lib/python3/dist-packages/_pytest/x.py", M), ("/etc/python3.11/sitecustomize.py", M),
+             ("/usr/lib/python3.11/__pycache__/os.cpython-311.pyc", A), ("/app/out.txt", A),
+             ("/etc/ld.so.preload", A), ("/usr/lib/x86_64-linux-gnu/libz.so.1", M), ("/bin", M), ("/tmp/x", A)]
+  assert tampered_paths([{"Path": p, "Kind": k} for p, k in changed]) == [
+      "/usr/bin/python3.11", "/usr/bin/mkdir", "/usr/bin/sleep", "/usr/local/bin/pytest",
+      "/usr/lib/python3/dist-packages/_pytest/x.py", "/etc/python3.11/sitecustomize.py", "/etc/ld.so.preload",
+      "/usr/lib/x86_64-linux-gnu/libz.so.1", "/bin"]
+
+
+def test_shadowing_tools_and_late_writers_do_not_count(docker_client, settings, fixture_tasks, tokenizer,
+                                                         renderer):
+  """A new /usr/local/bin/mkdir would run first on a usual PATH and could leave a daemon that writes the
+  gate after the tests; the verifier's PATH puts system directories first and stops every process before
+  reading the gate."""
+  evil = ("#!/bin/sh\nsetsid sh -c 'sleep 1; while :; do echo 1 > /logs/verifier/reward.txt; sleep 0.05; done'"
+          " > /dev/null 2>&1 < /dev/null &\nexec /usr/bin/mkdir \"$@\"\n")
+  b64 = base64.b64encode(evil.encode()).decode()
+  cmds = [f"echo {b64} | base64 -d > /usr/local/bin/mkdir && chmod +x /usr/local/bin/mkdir && "
+          "mkdir -p /logs/verifier && sleep 2 && cat /logs/verifier/reward.txt"]
+  r = run_episode(fixture_tasks["harbor-greeting"], agent(tokenizer, renderer, cmds), docker_client, settings)
+  assert json.loads(r.turns[0].observation)["output"] == "1\n"  # the trick works on the agent's own PATH
+  assert r.outcome.state == VerificationState.OK and r.success == 0 and r.outcome.passed == 1
 
 
 def test_hanging_verifier_is_an_infrastructure_failure(docker_client, settings, fixture_tasks):
