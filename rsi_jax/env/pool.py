@@ -85,6 +85,33 @@ class EpisodeResult:
   def success(self) -> int | None:
     return self.outcome.success
 
+  def transcript(self) -> list[dict]:
+    """The agent's interaction as chat messages without harness-control content (malformed-action errors,
+    summary requests and summaries are left out): [{"role": "assistant" | "tool", "content": str}, ...].
+    What RSR planning conditions on (C(τ), paper §2.1)."""
+    out = []
+    for t in self.turns:
+      if t.kind != "action" or t.error:
+        continue
+      out.append({"role": "assistant", "content": t.text})
+      if t.command is not None:
+        out.append({"role": "tool", "content": t.observation})
+    return out
+
+  def to_dict(self) -> dict:
+    """A JSON-serializable record (no token arrays) for logs and trajectory tables."""
+    d = self.summary()
+    d.update(run_id=self.run_id, episode_id=self.episode_id, reason=self.outcome.reason, error=self.error,
+             endpoint=self.endpoint, prompt_tokens=self.prompt_tokens, generated_tokens=self.generated_tokens,
+             segments=len(self.segments), times={k: round(getattr(self, k), 3) for k in
+                                                 ("build_s", "start_s", "agent_s", "verify_s", "total_s")},
+             turns_detail=[{"kind": t.kind, "segment": t.segment, "text": t.text, "command": t.command,
+                            "done": t.done, "error": t.error, "observation": t.observation,
+                            "exit_code": t.exit_code, "timed_out": t.timed_out, "finish_reason": t.finish_reason,
+                            "weight_version": t.weight_version, "prompt_len": int(len(t.prompt_ids)),
+                            "sampled_len": int(len(t.sampled_ids))} for t in self.turns])
+    return d
+
   def summary(self) -> dict:
     o = self.outcome
     return {"task": self.task, "family": self.family, "harness": self.harness, "state": o.state.value,

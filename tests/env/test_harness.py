@@ -58,6 +58,10 @@ def test_token_in_token_out_episode(docker_client, settings, fixture_tasks, toke
   assert seg.gen_mask.sum() == r.generated_tokens
   assert set(seg.turn_ids[seg.gen_mask].tolist()) == {0, 1, 2}
   assert (seg.weight_versions[seg.gen_mask] == 3).all() and (seg.weight_versions[~seg.gen_mask] == -1).all()
+  # the public record: JSON-serializable, and a transcript of commands and observations only
+  rec = json.loads(json.dumps(r.to_dict()))
+  assert rec["success"] == 1 and [t["command"] for t in rec["turns_detail"]] == SOLVE + [None]
+  assert [m["role"] for m in r.transcript()] == ["assistant", "tool", "assistant", "tool", "assistant"]
 
 
 def test_malformed_action_continues(box, fixture_tasks, tokenizer, renderer):
