@@ -75,6 +75,16 @@ def test_container_killed_mid_episode(docker_client, settings, fixture_tasks, to
   assert r.infra_failure and r.failure_kind == CONTAINER_DIED and r.success is None
 
 
+def test_daemon_error_on_create_is_recorded(docker_client, settings, fixture_tasks):
+  import dataclasses
+  from rsi_jax.env.pool import run_episode
+  from rsi_jax.env.sandbox import CREATE_FAILED
+  # a real daemon-side rejection at create time: the requested network does not exist
+  bad = dataclasses.replace(settings, network="rsi-no-such-network")
+  r = run_episode(fixture_tasks["harbor-greeting"], OracleHarness(), docker_client, bad)
+  assert r.infra_failure and r.failure_kind == CREATE_FAILED and "rsi-no-such-network" in r.error
+
+
 def test_infrastructure_failures_are_counted(docker_client, settings, fixture_tasks, tmp_path):
   broken = tmp_path / "harbor-broken-build"
   shutil.copytree(FIXTURES / "harbor-greeting", broken)
