@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# GPU checks for a lent NVIDIA GPU machine (one short prepared run):
+#   1. actor train step (forward+backward+AdamW) throughput and MFU for a real Qwen3 size at sequence 8,192,
+#      side by side with MaxText's own pre-training step (benchmarks/bench_actor.py);
+#   2. sampler decode tokens/s at batch 64 plus the continuous-batching comparison (benchmarks/bench_sampler.py).
+#
+# That machine has its own python3 with JAX + CUDA but no maxtext; the wheels maxtext needs travel in .whl/
+# (made with `pip download --no-deps` for cp312 manylinux; see scripts/gpu_wheels.sh). Results go to $OUT.
+# Knobs: MODEL (qwen3-0.6b), SEQ (8192), BATCH (4), ATTN (cudnn_flash_jax), DECODE_BATCH (64), STEPS (5).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT=${OUT:-/tmp/gpu_check_out}; mkdir -p "$OUT"
+MODEL=${MODEL:-qwen3-0.6b}; SEQ=${SEQ:-8192}; BATCH=${BATCH:-4}; ATTN=${ATTN:-cudnn_flash_jax}
+DECODE_BATCH=${DECODE_BATCH:-64}; STEPS=${STEPS:-5}; PY=${PY:-python3}
+site=${SITE:-/tmp/site}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl || exit 1
+fi
+# tokamax (imported by maxtext's MoE kernels module) imports xprof's CLI at import time; the real xprof wheel
+# is 32 MB of profiler binaries that nothing here calls, so a one-attribute module stands in for it.
+if ! PYTHONPATH="$site" $PY -c "import xprof" 2>/dev/null; then
+  mkdir -p "$site/xprof/cli/tools"; touch "$site/xprof/__init__.py" "$site/xprof/cli/__init__.py"
+  echo "get_kernel_stats_tool = None  # stand-in: see scripts/gpu_check.sh" > "$site/xprof/cli/tools/__init__.py"
+fi
+export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>/dev/null
+  $PY -c "import jax, flax, maxtext; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"; } \
+  2>&1 | tee "$OUT/env.txt"
+
+echo "== actor train step: $MODEL batch $BATCH x seq $SEQ, attention $ATTN" | tee "$OUT/bench_actor.txt"
+timeout ${ACTOR_TIMEOUT:-300} $PY benchmarks/bench_actor.py --steps "$STEPS" --batch "$BATCH" --seq "$SEQ" \
+  model_name="$MODEL" model.attention="$ATTN" model.remat_policy=${REMAT:-full} 2>&1 | tee -a "$OUT/bench_actor.txt" \
+  | grep -vE "^(W|I)[0-9]{4}" | tail -n 30
+echo "== sampler: $MODEL, decode batch $DECODE_BATCH" | tee "$OUT/bench_sampler.txt"
+timeout ${SAMPLER_TIMEOUT:-240} $PY benchmarks/bench_sampler.py --model "$MODEL" --decode-batch "$DECODE_BATCH" \
+  2>&1 | tee -a "$OUT/bench_sampler.txt" | grep -vE "^(W|I)[0-9]{4}" | tail -n 30
