@@ -256,3 +256,23 @@ def hf_logits(hf_dir: str, tokens, cfg: Config | None = None, positions=None, se
     segment_ids = np.ones((b, t), np.int32)
   out = actor.logits(params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segment_ids))
   return np.asarray(jax.device_get(out), np.float32)
+
+
+def convert_hf_checkpoint(hf_dir: str, out_dir: str, cfg: Config | None = None, with_critic: bool = True,
+                          seed: int = 0) -> Config:
+  """HF Qwen3 folder -> param-only Orbax checkpoint at ``out_dir`` with item ``actor`` (and ``critic``: the
+  same backbone weights plus a fresh value head from ``seed``). Returns the config the checkpoint belongs to
+  (``cfg`` with the folder's model section). Collective under multi-host: every process calls it."""
+  from rsi_jax.models.actor import Actor
+  from rsi_jax.models.checkpoint import save_params
+  from rsi_jax.models.critic import Critic
+
+  cfg = config_for_hf(hf_dir, cfg)
+  actor = Actor(cfg)
+  params = load_hf_params(hf_dir, actor)
+  critic_params = None
+  if with_critic:
+    critic_params = Critic(cfg, actor.mesh, actor.maxtext_config).init_from_actor(params,
+                                                                                  jax.random.PRNGKey(seed))
+  save_params(out_dir, actor=params, critic=critic_params)
+  return cfg

@@ -39,3 +39,22 @@ def test_roundtrip_onto_another_mesh(tmp_path):
   assert set(only) == {"critic"}
   with pytest.raises(FileNotFoundError, match="'critic'"):
     restore_params(tmp_path / "actor_only", critic=critic_b.abstract_params)
+
+
+def test_hf_folder_to_orbax_checkpoint(tmp_path):
+  import os
+
+  from rsi_jax.models.hf_import import convert_hf_checkpoint, hf_to_maxtext_numpy
+
+  hf = os.path.join(os.path.dirname(__file__), "fixtures", "hf_qwen3_untied")
+  cfg = convert_hf_checkpoint(hf, tmp_path / "ckpt", load_config(None, ["mesh.ici_fsdp_parallelism=-1"]))
+  assert saved_items(tmp_path / "ckpt") == ("actor", "critic")
+  actor = Actor(cfg, build_mesh(cfg))
+  critic = Critic(cfg, actor.mesh)
+  out = restore_params(tmp_path / "ckpt", actor=actor.abstract_params, critic=critic.abstract_params)
+  want = hf_to_maxtext_numpy(hf, actor.abstract_params)
+  for got, w, c in zip(jax.tree.leaves(out["actor"]), jax.tree.leaves(want),
+                       jax.tree.leaves(out["critic"]["backbone"])):
+    np.testing.assert_array_equal(np.asarray(got), w)
+    np.testing.assert_array_equal(np.asarray(c), w)
+  assert out["critic"]["value_head"]["kernel"].shape == (cfg.model.base_emb_dim,)
