@@ -103,6 +103,10 @@ class Backbone:
   def __init__(self, cfg: Config, mesh: Mesh | None = None, maxtext_config=None):
     from maxtext.utils import model_creation_utils
 
+    if not cfg.model.scan_layers:
+      # MaxText's unscanned NNX decoder updates its layers' RNG counters in place during the forward, which a
+      # functional (params in, values out) forward cannot host; the scanned decoder is MaxText's training path.
+      raise ValueError("model.scan_layers: the actor/critic need scanned layers (true)")
     self.cfg = cfg
     self.mesh = build_mesh(cfg) if mesh is None else mesh
     if tuple(self.mesh.axis_names) != MESH_AXES:
