@@ -1,0 +1,156 @@
+"""The Recursive Policy-Refine update (paper §2.4, App. A), in one place.
+
+One rollout step's batch goes through:
+
+1. ``prepare`` (jitted, no gradients): π_old log-probs recomputed by the *training-side* actor (not the
+   sampler's; those are kept to report the training–inference mismatch), the old critic values v, and TB-GAE
+   advantages / returns over the retained (generated) tokens, with segments of one rollout linked by the
+   TB-GAE carry (Eq. 12) so summarization boundaries are not terminal.
+2. ``critic_step`` (the first ``critic_only_steps`` rollout steps of a phase: actor frozen) or
+   ``joint_step`` (PPO policy loss, Eq. 14 with ε_ℓ=0.30 / ε_h=5.00, plus the max-form clipped value loss
+   with ε_V=4.00), each role with its own AdamW chain (``make_optimizer``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rsi_jax.config import Config
+from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, make_train_step
+from rsi_jax.rl.advantages import TBGAECarry, TBGAEResult, tb_gae
+from rsi_jax.rl.batch import TrajectoryBatch
+from rsi_jax.rl.losses import ppo_policy_loss, value_loss
+from rsi_jax.rl.metrics import explained_variance
+
+_DEVICE_FIELDS = ("tokens", "positions", "segment_ids", "gen_mask", "turn_ids", "rewards", "dones",
+                  "row_mask", "next_row")
+
+
+def linked_tb_gae(values, batch: dict, gamma_turn: float, lambda_turn: float, links: int) -> TBGAEResult:
+  """TB-GAE where row i continues into row ``next_row[i]`` (the next segment of the same rollout).
+
+  Each pass hands every row the carry of its continuation's first generated token; ``links`` passes resolve
+  chains of up to ``links + 1`` segments exactly (the chunk-continuation identity, Eq. 12)."""
+  gen = batch["gen_mask"]
+  res = tb_gae(values, batch["rewards"], batch["turn_ids"], gen, batch["dones"], gamma_turn, lambda_turn)
+  nxt = batch["next_row"]
+  has_next = nxt >= 0
+  nxt_c = jnp.where(has_next, nxt, 0)
+  first = jnp.argmax(gen > 0, axis=1)  # first generated position of each row
+  take = lambda a: a[nxt_c, first[nxt_c]]
+  for _ in range(links):
+    carry = TBGAECarry(value=take(values).astype(jnp.float32), advantage=take(res.advantages),
+                       turn_id=take(batch["turn_ids"]).astype(jnp.int32),
+                       present=has_next & (gen[nxt_c].sum(-1) > 0))
+    res = tb_gae(values, batch["rewards"], batch["turn_ids"], gen, batch["dones"], gamma_turn, lambda_turn,
+                 carry=carry)
+  return res
+
+
+def to_device_batch(batch: TrajectoryBatch) -> dict:
+  """The arrays the jitted steps read, as a dict (the sampler logprobs stay on the host)."""
+  return {k: jnp.asarray(getattr(batch, k)) for k in _DEVICE_FIELDS}
+
+
+def chain_links(batch: TrajectoryBatch) -> int:
+  """Longest chain of continued segments minus one (static: the number of carry passes to compile)."""
+  depth = 0
+  for i in range(len(batch.next_row)):
+    d, j = 0, int(batch.next_row[i])
+    while j >= 0:
+      d, j = d + 1, int(batch.next_row[j])
+    depth = max(depth, d)
+  return depth
+
+
+@dataclasses.dataclass
+class RPRTrainer:
+  """Actor + critic PPO updates for one phase (one config: its learning rates, clips, clocks)."""
+  cfg: Config
+  actor: object  # rsi_jax.models.Actor
+  critic: object  # rsi_jax.models.Critic
+
+  def __post_init__(self):
+    rl = self.cfg.rl
+    self.actor_opt = make_optimizer(self.cfg.actor_optim)
+    self.critic_opt = make_optimizer(self.cfg.critic_optim)
+    logp_fn = self.actor.token_logprobs_fn()
+    values_fn = self.critic.values_fn()
+
+    def prepare(actor_params, critic_params, batch, links):
+      args = (batch["tokens"], batch["positions"], batch["segment_ids"])
+      old_logp = logp_fn(actor_params, *args)
+      old_values = values_fn(critic_params, *args)
+      res = linked_tb_gae(old_values, batch, rl.gamma_turn, rl.lambda_turn, links)
+      return {"old_logp": old_logp, "old_values": old_values, "advantages": res.advantages,
+              "returns": res.returns}
+
+    self._prepare = jax.jit(prepare, static_argnums=3)
+
+    def value_part(critic_params, batch):
+      v = values_fn(critic_params, batch["tokens"], batch["positions"], batch["segment_ids"])
+      loss, m = value_loss(v, batch["old_values"], batch["returns"], batch["gen_mask"], clip=rl.value_clip)
+      m = dict(m, explained_variance=explained_variance(v, batch["returns"], batch["gen_mask"]))
+      return loss, m
+
+    def critic_loss(actor_params, critic_params, batch):
+      del actor_params
+      loss, m = value_part(critic_params, batch)
+      return loss, {f"value/{k}": x for k, x in m.items()}
+
+    def joint_loss(actor_params, critic_params, batch):
+      logp = logp_fn(actor_params, batch["tokens"], batch["positions"], batch["segment_ids"])
+      l_pi, m_pi = ppo_policy_loss(logp, batch["old_logp"], batch["advantages"], batch["gen_mask"],
+                                   clip_low=rl.clip_low, clip_high=rl.clip_high)
+      l_v, m_v = value_part(critic_params, batch)
+      aux = {**{f"policy/{k}": x for k, x in m_pi.items()}, **{f"value/{k}": x for k, x in m_v.items()},
+             "policy/loss": l_pi, "value/loss": l_v}
+      return l_pi + l_v, aux
+
+    self._critic_step = make_train_step(self.actor, self.actor_opt, critic_loss, self.critic, self.critic_opt,
+                                        train_actor=False)
+    self._joint_step = make_train_step(self.actor, self.actor_opt, joint_loss, self.critic, self.critic_opt)
+
+  def init_state(self, actor_params, critic_params, train_actor: bool) -> TrainState:
+    """Fresh optimizer states (phases transfer weights only, App. A)."""
+    return init_train_state(self.actor, self.actor_opt, actor_params, self.critic, self.critic_opt,
+                            critic_params, train_actor=train_actor)
+
+  def start_actor(self, state: TrainState) -> TrainState:
+    """After the critic-only steps: the actor joins with a fresh AdamW state."""
+    s = self.init_state(state.actor, state.critic, train_actor=True)
+    return s._replace(critic_opt=state.critic_opt, step=state.step)
+
+  def step(self, state: TrainState, batch: TrajectoryBatch, train_actor: bool):
+    """One update on one rollout batch. Returns (state, metrics as floats). ``state`` is donated: use the
+    returned one."""
+    if train_actor and state.actor_opt is None:
+      raise ValueError("joint step with a frozen-actor state: call start_actor(state) first")
+    dev = to_device_batch(batch)
+    prep = self._prepare(state.actor, state.critic, dev, chain_links(batch))
+    full = {**dev, **prep}
+    mismatch = _mismatch(np.asarray(prep["old_logp"]), batch)
+    fn = self._joint_step if train_actor else self._critic_step
+    state, loss, aux = fn(state, full)
+    metrics = {k: float(v) for k, v in jax.device_get(aux).items()}
+    metrics.update(loss=float(loss), **mismatch,
+                   advantage_mean=float(_masked_mean(prep["advantages"], dev["gen_mask"])),
+                   return_mean=float(_masked_mean(prep["returns"], dev["gen_mask"])))
+    return state, metrics
+
+
+def _masked_mean(x, m):
+  return jnp.sum(x * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def _mismatch(train_logp: np.ndarray, batch: TrajectoryBatch) -> dict:
+  """Training–inference mismatch on generated tokens: |logπ_train − logπ_sampler| (monitoring only)."""
+  m = batch.gen_mask > 0
+  if not m.any():
+    return {"mismatch/abs_mean": 0.0, "mismatch/abs_max": 0.0}
+  d = np.abs(train_logp[m] - batch.sampler_logprobs[m])
+  return {"mismatch/abs_mean": float(d.mean()), "mismatch/abs_max": float(d.max())}

@@ -1,0 +1,121 @@
+"""Batch assembly: episodes' token records -> one padded (B, T) training batch (SPEC §2 layout).
+
+Each linear segment of an episode is one row (summarization starts a new segment; segments of one rollout
+share its id). The row holds exactly the ids the sampler saw and produced; ``gen_mask`` and ``turn_ids`` come
+from the harness records, never from re-tokenized text.
+
+Reward placement: the episode's terminal reward sits on the *last generated token* of its final segment, with
+``done = 1`` there (the verifier ended the episode). Earlier segments end without ``done``; their last
+generated token continues into the first generated token of the next segment through ``next_row`` (the
+pipeline hands that row's TB-GAE carry across, Eq. 12), so summarization is not a terminal event.
+Episodes that ended in an infrastructure failure are masked out (``row_mask = 0``) and counted, never scored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+
+class TrajectoryBatch(NamedTuple):
+  """A padded batch of token rows. Every array is (B, T) unless noted."""
+  tokens: np.ndarray  # int32
+  positions: np.ndarray  # int32, 0.. within each row's real tokens
+  segment_ids: np.ndarray  # int32: 1 on real tokens, 0 on padding (never attended to)
+  gen_mask: np.ndarray  # float32: 1 on policy-generated tokens of rows that train
+  turn_ids: np.ndarray  # int32
+  rewards: np.ndarray  # float32: terminal reward on the last generated token of an episode's last segment
+  dones: np.ndarray  # float32: 1 on that same token
+  sampler_logprobs: np.ndarray  # float32: the sampler's logprobs (mismatch monitoring only)
+  row_mask: np.ndarray  # (B,) float32: 0 for padding rows and masked (infrastructure-failure) episodes
+  next_row: np.ndarray  # (B,) int32: the row continuing this one (next segment), -1 if none
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+  """One linear segment: ids with the harness's per-token records."""
+  ids: np.ndarray  # (T,) int
+  gen_mask: np.ndarray  # (T,) bool
+  logprobs: np.ndarray  # (T,) float32 sampler logprobs on generated tokens
+  turn_ids: np.ndarray  # (T,) int
+  episode: int = 0  # index of the episode (rollout) it belongs to
+
+
+def episode_samples(segments: Sequence, episode: int) -> list[Sample]:
+  """Samples from an episode's ``rsi_jax.env.harness.Segment`` records, in order."""
+  return [Sample(np.asarray(s.ids), np.asarray(s.gen_mask, bool), np.asarray(s.logprobs, np.float32),
+                 np.asarray(s.turn_ids), episode) for s in segments]
+
+
+def assemble_batch(episodes: Sequence[Sequence[Sample]], rewards: Sequence[float],
+                   train_mask: Sequence[bool] | None = None, *, pad_multiple: int = 1, pad_id: int = 0,
+                   num_rows: int | None = None) -> TrajectoryBatch:
+  """Pad the episodes' segments into one batch.
+
+  Args:
+    episodes: per episode, its segments in order (an episode with no generated token contributes rows that
+      do not train).
+    rewards: per episode, the terminal reward R (FDR / SPR of its verification outcome).
+    train_mask: per episode, False to mask it out (infrastructure failure). Default: all train.
+    pad_multiple: T is rounded up to a multiple of this (bounded set of compiled shapes).
+    pad_id: the id written into padding (never attended to: segment id 0).
+    num_rows: pad the batch to this many rows (e.g. a multiple of the mesh's batch shards).
+  """
+  if len(rewards) != len(episodes):
+    raise ValueError(f"{len(episodes)} episodes but {len(rewards)} rewards")
+  train_mask = [True] * len(episodes) if train_mask is None else list(train_mask)
+  if len(train_mask) != len(episodes):
+    raise ValueError(f"{len(episodes)} episodes but {len(train_mask)} train_mask entries")
+  if pad_multiple <= 0:
+    raise ValueError(f"pad_multiple must be > 0, got {pad_multiple}")
+  rows: list[tuple[Sample, float, bool, bool]] = []  # sample, reward, last segment?, trains?
+  nxt: list[int] = []
+  for e, (segs, r, ok) in enumerate(zip(episodes, rewards, train_mask)):
+    r = float(r)
+    if ok and not np.isfinite(r):
+      raise ValueError(f"episode {e}: reward {r} is not finite")
+    for k, s in enumerate(segs):
+      n = len(s.ids)
+      if not (len(s.gen_mask) == len(s.logprobs) == len(s.turn_ids) == n):
+        raise ValueError(f"episode {e} segment {k}: ids, gen_mask, logprobs and turn_ids differ in length")
+      last = k == len(segs) - 1
+      rows.append((s, r, last, bool(ok)))
+      nxt.append(len(rows) if not last else -1)
+  b = len(rows) if num_rows is None else num_rows
+  if b < len(rows):
+    raise ValueError(f"num_rows={num_rows} is smaller than the {len(rows)} segments")
+  t_max = max([len(s.ids) for s, *_ in rows] + [1])
+  t = -(-t_max // pad_multiple) * pad_multiple
+
+  tokens = np.full((b, t), pad_id, np.int32)
+  positions = np.zeros((b, t), np.int32)
+  segment_ids = np.zeros((b, t), np.int32)
+  gen_mask = np.zeros((b, t), np.float32)
+  turn_ids = np.zeros((b, t), np.int32)
+  rew = np.zeros((b, t), np.float32)
+  dones = np.zeros((b, t), np.float32)
+  lps = np.zeros((b, t), np.float32)
+  row_mask = np.zeros((b,), np.float32)
+  next_row = np.full((b,), -1, np.int32)
+  for i, ((s, r, last, ok), nr) in enumerate(zip(rows, nxt)):
+    n = len(s.ids)
+    tokens[i, :n] = s.ids
+    positions[i, :n] = np.arange(n)
+    segment_ids[i, :n] = 1
+    gen = s.gen_mask.astype(bool)
+    turn_ids[i, :n] = s.turn_ids
+    lps[i, :n] = np.where(gen, s.logprobs, 0.0)
+    next_row[i] = nr
+    if not ok:
+      continue  # masked: no generated tokens train, no reward is placed
+    row_mask[i] = 1.0
+    gen_mask[i, :n] = gen
+    if last and gen.any():
+      j = int(np.flatnonzero(gen)[-1])
+      rew[i, j] = r
+      dones[i, j] = 1.0
+  return TrajectoryBatch(tokens, positions, segment_ids, gen_mask, turn_ids, rew, dones, lps, row_mask,
+                         next_row)

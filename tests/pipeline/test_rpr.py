@@ -1,0 +1,85 @@
+"""The RPR update on the tiny MaxText Qwen3: critic-only steps leave the actor untouched, joint steps move
+both, and at the start of an update (π_θ = π_old) the PPO loss is exactly −E[A] with nothing clipped."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rsi_jax.config import CONFIG_DIR, load_config
+from rsi_jax.models import Actor, Critic, build_mesh
+from rsi_jax.pipeline.rpr import RPRTrainer
+from rsi_jax.rl.batch import Sample, assemble_batch
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trainer():
+  cfg = load_config(CONFIG_DIR / "smoke.yml", ["model.max_target_length=64", "rl.gamma_turn=0.95",
+                                               "rl.lambda_turn=0.9"])
+  mesh = build_mesh(cfg, jax.devices()[:2])
+  actor, critic = Actor(cfg, mesh), Critic(cfg, mesh)
+  a = actor.init(jax.random.key(0))
+  c = critic.init_from_actor(a, jax.random.key(1))
+  return RPRTrainer(cfg, actor, critic), a, c
+
+
+def _batch():
+  rng = np.random.default_rng(0)
+  eps = []
+  for e in range(3):
+    n = 24 + 4 * e
+    gen = np.zeros(n, bool)
+    gen[8:14] = gen[18:n - 1] = True
+    turns = np.where(np.arange(n) < 16, 0, 1)
+    eps.append([Sample(rng.integers(0, 5000, n), gen, np.where(gen, -1.0, 0).astype(np.float32), turns, e)])
+  crashed = [Sample(rng.integers(0, 5000, 20), np.ones(20, bool), np.zeros(20, np.float32), np.zeros(20, int), 3)]
+  return assemble_batch(eps + [crashed], rewards=[1.0, 0.0, 0.4, 0.0], train_mask=[True, True, True, False],
+                        pad_multiple=16)
+
+
+def _fresh(trainer):
+  tr, a, c = trainer  # steps donate their state: hand each test its own copies
+  return tr, jax.tree.map(jnp.copy, a), jax.tree.map(jnp.copy, c)
+
+
+def _same(a, b):
+  return all(bool((x == y).all()) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_critic_only_then_joint(trainer):
+  tr, a0, c0 = _fresh(trainer)
+  a_host, c_host = jax.device_get(a0), jax.device_get(c0)
+  batch = _batch()
+  state = tr.init_state(a0, c0, train_actor=False)
+  state, m = tr.step(state, batch, train_actor=False)
+  assert np.isfinite(m["loss"]) and "policy/loss" not in m
+  assert _same(jax.device_get(state.actor), a_host), "critic-only step changed the actor"
+  assert not _same(jax.device_get(state.critic), c_host), "critic-only step left the critic unchanged"
+  # the sampler's logprobs (-1 here) are only compared, never trained on
+  assert m["mismatch/abs_max"] > 0
+
+  state = tr.start_actor(state)
+  c1 = jax.device_get(state.critic)
+  state, m = tr.step(state, batch, train_actor=True)
+  assert not _same(jax.device_get(state.actor), a_host) and not _same(jax.device_get(state.critic), c1)
+  # first joint update: ρ = 1 everywhere, so nothing is clipped and L_π = −E_j[A] (sample-level)
+  assert m["policy/clip_frac"] == 0.0 and m["policy/ratio_max"] == pytest.approx(1.0, abs=1e-5)
+  assert m["policy/loss"] == pytest.approx(-_sample_mean_adv(tr, a_host, c1, batch), rel=1e-4, abs=1e-5)
+  assert int(state.step) == 2
+
+
+def _sample_mean_adv(tr, a, c, batch):
+  from rsi_jax.pipeline.rpr import chain_links, to_device_batch
+  prep = tr._prepare(a, c, to_device_batch(batch), chain_links(batch))
+  adv, m = np.asarray(prep["advantages"]), batch.gen_mask
+  rows = m.sum(1) > 0
+  return float(((adv * m).sum(1)[rows] / m.sum(1)[rows]).mean())
+
+
+def test_joint_step_needs_an_actor_optimizer(trainer):
+  tr, a0, c0 = _fresh(trainer)
+  state = tr.init_state(a0, c0, train_actor=False)
+  with pytest.raises(ValueError, match="start_actor"):
+    tr.step(state, _batch(), train_actor=True)
