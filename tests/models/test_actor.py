@@ -218,21 +218,26 @@ def make_batch(seed=8):
   return {"tokens": tokens, "positions": pos, "segment_ids": segs, "mask": mask, "returns": returns}
 
 
+LR = ["actor_optim.learning_rate=1e-3", "critic_optim.learning_rate=1e-3"]
+
+
+@pytest.fixture(scope="module")
+def one_device_losses(built):
+  """Reference: the same three joint steps on one device."""
+  host = jax.device_get(built[4])
+  cfg1 = load_config(None, TINY + ["mesh.ici_fsdp_parallelism=1"] + LR)
+  losses, _, _ = _run_steps(cfg1, build_mesh(cfg1, devices=jax.devices()[:1]), host, make_batch(), n=3)
+  return host, losses
+
+
 @pytest.mark.slow
-def test_sharded_train_step_matches_one_device_and_compiles_once(built):
-  cfg, mesh, _, _, params = built
-  cfg = load_config(None, TINY + MESHES["fsdp4_tensor2"] + ["actor_optim.learning_rate=1e-3",
-                                                           "critic_optim.learning_rate=1e-3"])
-  host = jax.device_get(params)
-  batch = make_batch()
-  losses8, step, state = _run_steps(cfg, mesh, host, batch, n=3)
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_sharded_train_step_matches_one_device_and_compiles_once(mesh_name, one_device_losses):
+  host, losses1 = one_device_losses
+  cfg = load_config(None, TINY + MESHES[mesh_name] + LR)
+  losses8, step, state = _run_steps(cfg, build_mesh(cfg), host, make_batch(), n=3)
   assert step._cache_size() == 1  # steps 2 and 3 reused step 1's executable
   assert int(state.step) == 3
-  # one device, same weights and batch
-  cfg1 = load_config(None, TINY + ["mesh.ici_fsdp_parallelism=1", "actor_optim.learning_rate=1e-3",
-                                   "critic_optim.learning_rate=1e-3"])
-  mesh1 = build_mesh(cfg1, devices=jax.devices()[:1])
-  losses1, _, _ = _run_steps(cfg1, mesh1, host, batch, n=3)
   np.testing.assert_allclose(losses8, losses1, rtol=2e-5)
   assert losses8[2] < losses8[0]  # the updates did something
 
