@@ -6,7 +6,7 @@ Part 1 (``--requests`` concurrent requests x ``--new-tokens`` tokens each, promp
 * one at a time — the same engine shape with a single slot, requests submitted one after another (KV cache,
   no batching);
 * naive — no KV cache: every step runs the whole prefix of all requests through the model again (padded
-  to a multiple of 64 so it compiles a few times, not every step) and samples the next token.
+  to a multiple of 128 so it compiles a few times, not every step) and samples the next token.
 
 Part 2 (``--decode-batch B``): raw engine decode throughput with B occupied slots (``generate`` only).
 
@@ -81,7 +81,7 @@ def naive_decode(step_fn, params, reqs, new_tokens, sp):
   top_p = jnp.ones((b,), jnp.float32)
   for step in range(new_tokens):
     lens = np.array([len(s) for s in seqs])
-    t = int(-(-lens.max() // 64) * 64)
+    t = int(-(-lens.max() // 128) * 128)
     tokens = np.zeros((b, t), np.int32)
     for i, s in enumerate(seqs):
       tokens[i, :len(s)] = s
@@ -152,7 +152,7 @@ def main():
     if "naive" not in skip:
       from rsi_jax.models.actor import Actor
       step = naive_step_fn(Actor(cfg, engine.mesh), engine)
-      for t in range(64, args.max_prompt + args.new_tokens + 64, 64):  # compile every padded length
+      for t in range(128, args.max_prompt + args.new_tokens + 128, 128):  # compile every padded length
         naive_decode(step, params, [list(range(1, min(t, args.max_prompt + args.new_tokens)))] * len(reqs), 1,
                      sp)
       t0 = time.perf_counter()

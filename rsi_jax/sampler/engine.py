@@ -149,10 +149,16 @@ class Engine:
         lambda v: tuple(v.get_metadata()["sharding_names"]), self._cache_ar_tpl,
         is_leaf=lambda x: isinstance(x, nnx.Variable)))
     self._replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    # Every decode state carries the same shardings (cache: MaxText's; the rest replicated), so the state
+    # coming out of one call never recompiles the next.
+    r = self._replicated
+    self._state_shardings = DecodeState(cache=self._cache_shardings, tokens=r, next_pos=r, n_generated=r,
+                                        keys=r, temperature=r, top_k=r, top_p=r, active=r)
     self._prefill_jit = jax.jit(self._prefill_impl)
-    self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
-    self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,))
-    self._free_jit = jax.jit(self._free_impl, donate_argnums=(0,))
+    self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,), out_shardings=self._state_shardings)
+    self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,),
+                                 out_shardings=(self._state_shardings, r))
+    self._free_jit = jax.jit(self._free_impl, donate_argnums=(0,), out_shardings=self._state_shardings)
 
   # ------------------------------------------------------------------------------------------ params
 
@@ -182,12 +188,12 @@ class Engine:
   def init_decode_state(self) -> DecodeState:
     s = self.num_slots
     cache = jax.tree.map(lambda v: jnp.zeros(v.shape, v.dtype), nnx.to_pure_dict(self._cache_ar_tpl))
-    cache = jax.device_put(cache, self._cache_shardings)
-    return DecodeState(
+    state = DecodeState(
         cache=cache, tokens=jnp.zeros((s,), jnp.int32), next_pos=jnp.zeros((s,), jnp.int32),
         n_generated=jnp.zeros((s,), jnp.int32), keys=jax.random.split(jax.random.key(0), s),
         temperature=jnp.ones((s,), jnp.float32), top_k=jnp.zeros((s,), jnp.int32),
         top_p=jnp.ones((s,), jnp.float32), active=jnp.zeros((s,), bool))
+    return jax.device_put(state, self._state_shardings)
 
   def bucket(self, length: int) -> int:
     """The smallest prefill bucket holding ``length`` tokens."""

@@ -11,7 +11,7 @@ V = 16
 N = 40_000  # samples per distribution: the sampling error of the total variation is about 0.01
 
 
-def exact_distribution(logits, temperature, top_k, top_p):
+def exact_distribution(logits, temperature, top_k, top_p, V=V):
   """The target written out the slow obvious way: scale, keep the k best, then the smallest descending
   prefix whose mass reaches p, renormalise."""
   z = np.asarray(logits, np.float64) / temperature
@@ -34,7 +34,7 @@ def exact_distribution(logits, temperature, top_k, top_p):
 
 def draw(logits, temperature, top_k, top_p, n=N, seed=0):
   keys = jax.random.split(jax.random.key(seed), n)
-  batch = jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (n, V))
+  batch = jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (n, len(logits)))
   tok, lp = jax.jit(sample_tokens)(batch, keys, jnp.full((n,), temperature, jnp.float32),
                                    jnp.full((n,), top_k, jnp.int32), jnp.full((n,), top_p, jnp.float32))
   return np.asarray(tok), np.asarray(lp)
@@ -54,6 +54,18 @@ def test_frequencies_match_exact_truncated_distribution(temperature, top_k, top_
   # Logprobs are the base model's, untouched by temperature and truncation.
   base = jax.nn.log_softmax(jnp.asarray(LOGITS, jnp.float32))
   np.testing.assert_allclose(lp, np.asarray(base)[tok], atol=1e-6)
+
+
+def test_vocabulary_spanning_several_sampling_blocks():
+  """700 entries (several blocks of the two-level inverse CDF), the kept tokens scattered over all of them."""
+  v = 700
+  logits = np.random.default_rng(2).normal(size=v) * 3.0
+  tok, _ = draw(logits, 1.0, 40, 0.95, n=N)
+  target = exact_distribution(logits, 1.0, 40, 0.95, V=v)
+  freq = np.bincount(tok, minlength=v) / len(tok)
+  assert np.all(freq[target == 0] == 0)
+  assert len(np.unique(np.nonzero(target)[0] // 128)) > 2
+  assert 0.5 * np.abs(freq - target).sum() < 0.03
 
 
 def test_greedy_is_argmax_and_rows_are_independent():
