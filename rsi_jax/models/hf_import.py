@@ -255,6 +255,10 @@ def hf_logits(hf_dir: str, tokens, cfg: Config | None = None, positions=None, se
   if segment_ids is None:
     segment_ids = np.ones((b, t), np.int32)
   out = actor.logits(params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segment_ids))
+  if not out.is_fully_addressable:  # multi-host: rows live on other processes too
+    from jax.experimental import multihost_utils
+
+    out = multihost_utils.process_allgather(out, tiled=True)
   return np.asarray(jax.device_get(out), np.float32)
 
 

@@ -1,7 +1,8 @@
 """One sharded actor+critic train step on an 8-device mesh (fsdp 4 x tensor 2), for the two-process test.
 
-As a script: ``python mp_worker.py PORT PROCESS_ID`` joins a 2-process ``jax.distributed`` run on loopback
-(4 fake CPU devices per process, gloo collectives) and prints ``LOSS <float>``."""
+As a script: ``python mp_worker.py PORT PROCESS_ID CKPT_DIR`` joins a 2-process ``jax.distributed`` run on loopback
+(4 fake CPU devices per process, gloo collectives), prints ``LOSS <floats>``, then imports an HF fixture and
+round-trips a checkpoint on the global mesh and prints ``CHECKS <hf logits error> <restore error>``."""
 
 import os
 import sys
@@ -58,6 +59,32 @@ def joint_step_losses(n_steps=2):
   return losses
 
 
+def hf_and_checkpoint_checks(ckpt_dir):
+  """Import the tied HF fixture onto the global mesh (max |logits - HF golden|) and round-trip the params
+  through a param-only checkpoint written by all processes (max |restored - saved|)."""
+  import jax
+  import jax.numpy as jnp
+
+  from rsi_jax.config import load_config
+  from rsi_jax.models.actor import Actor
+  from rsi_jax.models.checkpoint import restore_params, save_params
+  from rsi_jax.models.hf_import import config_for_hf, hf_logits, load_hf_params
+  from rsi_jax.models.mesh import build_mesh
+
+  d = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf_qwen3_tied")
+  g = np.load(os.path.join(d, "golden.npz"))
+  tokens, want = np.concatenate([g["tokens"], g["tokens"][:1]]), np.concatenate([g["logits"], g["logits"][:1]])
+  cfg = config_for_hf(d, load_config(None, OVERRIDES[2:4]))
+  actor = Actor(cfg, build_mesh(cfg))
+  hf_err = float(np.abs(hf_logits(d, tokens, actor=actor) - want).max())
+  params = load_hf_params(d, actor)
+  save_params(ckpt_dir, actor=params, force=True)
+  restored = restore_params(ckpt_dir, actor=actor.abstract_params)["actor"]
+  diff = jax.jit(lambda a, b: jnp.stack([jnp.abs(x - y).max() for x, y in zip(jax.tree.leaves(a),
+                                                                              jax.tree.leaves(b))]).max())
+  return hf_err, float(diff(params, restored))
+
+
 if __name__ == "__main__":
   port, pid = sys.argv[1], int(sys.argv[2])
   import jax
@@ -66,4 +93,5 @@ if __name__ == "__main__":
   jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid)
   assert jax.device_count() == 8 and jax.local_device_count() == 4
   print("LOSS", " ".join(repr(x) for x in joint_step_losses()), flush=True)
+  print("CHECKS", *hf_and_checkpoint_checks(sys.argv[3]), flush=True)
   jax.distributed.shutdown()
