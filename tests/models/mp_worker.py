@@ -94,4 +94,11 @@ if __name__ == "__main__":
   assert jax.device_count() == 8 and jax.local_device_count() == 4
   print("LOSS", " ".join(repr(x) for x in joint_step_losses()), flush=True)
   print("CHECKS", *hf_and_checkpoint_checks(sys.argv[3]), flush=True)
+  # a DCN axis splits the mesh by process: data index i holds exactly process i's devices
+  from rsi_jax.config import load_config
+  from rsi_jax.models.mesh import build_mesh
+
+  m = build_mesh(load_config(None, ["mesh.dcn_data_parallelism=2", "mesh.ici_fsdp_parallelism=4"]))
+  procs = np.vectorize(lambda d: d.process_index)(m.devices).reshape(2, 4)
+  print("DCN", int((procs == np.arange(2)[:, None]).all()), flush=True)
   jax.distributed.shutdown()

@@ -50,3 +50,4 @@ def test_two_process_step_matches_single_process(tmp_path):
   for out in outs:
     hf_err, ckpt_err = (float(x) for x in next(l for l in out.splitlines() if l.startswith("CHECKS")).split()[1:])
     assert hf_err < 1e-4 and ckpt_err == 0.0
+    assert "DCN 1" in out
