@@ -1,5 +1,15 @@
 """rsi_jax.models: MaxText Qwen3 actor and critic on a device mesh, HF import, Orbax param checkpoints.
 
+    cfg = config_for_hf("/path/Qwen3-0.6B", load_config("configs/smoke.yml"))   # or any Config
+    mesh = build_mesh(cfg)                                   # MaxText axis names, sizes from cfg.mesh
+    actor, critic = Actor(cfg, mesh), Critic(cfg, mesh)
+    params = actor.initial_params(rng)                       # HF import when model.hf_path is set
+    cparams = critic.init_from_actor(params, rng)            # backbone copy + fresh value head
+    logp = actor.token_logprobs(params, tokens, positions, segment_ids)   # (B, T) float32, chunked
+    v = critic.values(cparams, tokens, positions, segment_ids)            # (B, T) value of each prefix
+    step = make_train_step(actor, make_optimizer(cfg.actor_optim), loss_fn, critic, make_optimizer(...))
+    save_params(dir, actor=params, critic=cparams)
+
 Heavy modules (MaxText, Orbax) load on first use of a name, so ``import rsi_jax.models`` stays cheap.
 """
 

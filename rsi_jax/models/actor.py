@@ -133,6 +133,14 @@ class Backbone:
     with self._rules():
       return self._init(rng)
 
+  def initial_params(self, rng: jax.Array) -> dict:
+    """The run's starting weights: imported from ``model.hf_path`` when set, else a fresh MaxText init."""
+    if self.cfg.model.hf_path:
+      from rsi_jax.models.hf_import import load_hf_params
+
+      return load_hf_params(self.cfg.model.hf_path, self)
+    return self.init(rng)
+
   def merge(self, params: dict) -> nnx.Module:
     """The MaxText Transformer holding ``params`` (use inside jit)."""
     leaves = jax.tree_util.tree_leaves(params)
