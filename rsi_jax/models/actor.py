@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +108,10 @@ class Backbone:
       # MaxText's unscanned NNX decoder updates its layers' RNG counters in place during the forward, which a
       # functional (params in, values out) forward cannot host; the scanned decoder is MaxText's training path.
       raise ValueError("model.scan_layers: the actor/critic need scanned layers (true)")
+    if cfg.model.attention == "cudnn_flash_jax":
+      # MaxText's cuDNN path (training mode) applies a causal mask only and drops segment ids.
+      warnings.warn("model.attention=cudnn_flash_jax ignores segment ids: packed rows would attend across "
+                    "segments (right padding alone is safe)", stacklevel=2)
     self.cfg = cfg
     self.mesh = build_mesh(cfg) if mesh is None else mesh
     if tuple(self.mesh.axis_names) != MESH_AXES:
