@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from tests.sampler.conftest import AR_CAPACITY, VOCAB
 
@@ -82,3 +83,23 @@ def test_free_stops_a_slot_and_insert_reuses_it(engine, actor, actor_params):
     lps.append(float(res.logprobs[0]))
   ref = reference_logprobs(actor, actor_params, [prompt], [out])[0]
   np.testing.assert_allclose(lps, ref, atol=TOL, rtol=0)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_sampling_mesh(cfg, actor, actor_params):
+  """sampler.num_devices=2: the engine runs tensor-parallel (KV heads split) with the same logprobs."""
+  from rsi_jax.config import with_overrides
+  from rsi_jax.sampler.engine import build_engine
+  engine = build_engine(with_overrides(cfg, {"sampler": {"num_devices": 2}}))
+  assert engine.mesh.shape["tensor"] == 2
+  params = engine.load_params(actor_params)
+  prompt = list(range(5, 22))
+  state = engine.init_decode_state()
+  pre = engine.prefill(params, prompt, jax.random.key(0))
+  state = engine.insert(pre, state, 2)
+  out, lps = [int(pre.token[0])], [float(pre.logprob[0])]
+  for _ in range(7):
+    state, res = engine.generate(params, state)
+    out.append(int(res.tokens[2]))
+    lps.append(float(res.logprobs[2]))
+  np.testing.assert_allclose(lps, reference_logprobs(actor, actor_params, [prompt], [out])[0], atol=TOL, rtol=0)

@@ -161,3 +161,14 @@ def test_stop_string_window_with_the_qwen3_tokenizer():
       continue
     first = next(k for k in range(1, len(ids) + 1) if stop in tok.decode(ids[:k]))
     assert hits and hits[0] == first
+
+
+def test_close_fails_requests_in_flight(engine, actor_params):
+  s = SamplerServer(engine, actor_params, eos_token_ids=())
+  futures = [s.submit(prompt(5, i), P.SamplingParams(max_new_tokens=AR_CAPACITY)) for i in range(NUM_SLOTS + 2)]
+  s.close()
+  errors = [f.exception() for f in futures]  # every future is resolved once close() returns
+  assert any(e is not None for e in errors)  # at least the queued ones never ran
+  assert all(e is None or isinstance(e, RuntimeError) for e in errors)
+  with pytest.raises(RuntimeError, match="closed"):
+    s.submit([1, 2], P.SamplingParams())
