@@ -253,3 +253,24 @@ def test_optimizer_is_clipped_adamw():
   clipped = {"w": g["w"] * 0.5 / float(jnp.linalg.norm(g["w"]))}
   ref, _ = ref_opt.update(clipped, ref_opt.init(p), p)
   np.testing.assert_allclose(np.asarray(upd["w"]), np.asarray(ref["w"]), rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_critic_only_step_freezes_the_actor(built):
+  """RPR phases start with critic-only updates (paper App. A): the actor's weights must not move."""
+  cfg, mesh, actor, critic, params = built
+  cfg = load_config(None, TINY + MESHES["fsdp4_tensor2"] + LR)
+  copt = make_optimizer(cfg.critic_optim)
+  cparams = critic.init_from_actor(params, jax.random.PRNGKey(2))
+  step = make_train_step(actor, None, _joint_loss(actor, critic), critic=critic, critic_optimizer=copt,
+                         train_actor=False, donate=False)
+  state = init_train_state(actor, None, params, critic, copt, cparams, train_actor=False)
+  batch = {k: jax.device_put(v, batch_sharding(mesh, v.ndim)) for k, v in make_batch().items()}
+  new, _, aux = step(state, batch)
+  new, _, aux = step(new, batch)
+  assert step._cache_size() == 1 and "actor_grad_norm" not in aux and float(aux["critic_grad_norm"]) > 0
+  for a, b in zip(jax.tree.leaves(new.actor), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  moved = [float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(new.critic["value_head"]),
+                                                        jax.tree.leaves(cparams["value_head"]))]
+  assert max(moved) > 0
