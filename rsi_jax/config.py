@@ -75,10 +75,10 @@ class ModelConfig:
   hf_path: str = ""  # local HF Qwen3 folder (config.json + *.safetensors) to import; "" = random init
   tokenizer_path: str = ""  # "" = the Qwen3 tokenizer shipped inside the maxtext package
   maxtext_overrides: dict = dataclasses.field(default_factory=dict)  # any further MaxText keys, verbatim
-
   # LM-head matmul for log-probs/logits: float32 (full-precision reference path) or the activation dtype
   # with float32 accumulation; the log-softmax is float32 either way.
   logits_dtype: str = "float32"
+
   def validate(self, p):
     for k in ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim",
               "base_num_decoder_layers", "head_dim", "vocab_size", "max_target_length"):
@@ -89,9 +89,9 @@ class ModelConfig:
       _check(getattr(self, k) in ("float32", "bfloat16", "float16"), f"{p}.{k}",
              f"must be float32/bfloat16/float16, got {getattr(self, k)!r}")
     _check(self.normalization_layer_epsilon > 0, f"{p}.normalization_layer_epsilon", "must be > 0")
-
     _check(self.logits_dtype in ("float32", "bfloat16"), f"{p}.logits_dtype",
            f"must be float32/bfloat16, got {self.logits_dtype!r}")
+
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:

@@ -9,4 +9,6 @@ py=$(bash scripts/setup.sh | tail -n 1)
 bash scripts/docker_up.sh
 bash scripts/build_base_image.sh
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+# Four virtual CPU devices, so the smoke run shards the actor and critic over a real 2 x 2 (fsdp x tensor) mesh.
+export XLA_FLAGS="${XLA_FLAGS:---xla_force_host_platform_device_count=4}"
 exec "$py" -m rsi_jax.train --config=configs/smoke.yml "$@"

@@ -106,7 +106,7 @@ def test_dump_roundtrip():
     (["rollout.top_p=0"], "rollout.top_p", "must be in (0, 1]"),
     (["model.base_num_kv_heads=3"], "model.base_num_kv_heads", "must divide"),
     (["model.dtype=int8"], "model.dtype", "float32/bfloat16"),
-    (["mesh.ici_data_parallelism=-1"], "mesh", "at most one mesh axis may be -1"),
+    (["mesh.ici_data_parallelism=-1", "mesh.ici_fsdp_parallelism=-1"], "mesh", "at most one mesh axis may be -1"),
     (["mesh.ici_tensor_parallelism=0"], "mesh.ici_tensor_parallelism", "must be >= 1 or -1"),
     (["pipeline.phases=[rsr1, rpr9]"], "pipeline.phases", "unknown phase 'rpr9'"),
     (["pipeline.critic_only_steps=40"], "pipeline.critic_only_steps", "must be in [0, rollout_steps"),

@@ -1,11 +1,9 @@
-"""Docker fixtures for the environment tests.
+"""Docker fixtures for the environment tests (``docker_client`` itself is in tests/conftest.py).
 
-``docker_client`` connects to the daemon once per session: without one the Docker tests are skipped, or FAIL
-when ``RSI_REQUIRE_DOCKER=1`` (CI). Every container the tests start carries ``rsi_jax.run=<run_id>``; at the
+Every container the tests start carries ``rsi_jax.run=<run_id>``; at the
 end of the session none may remain.
 """
 
-import os
 import uuid
 from pathlib import Path
 
@@ -16,32 +14,6 @@ REPO = Path(__file__).resolve().parents[2]
 RUN_ID = f"pytest-{uuid.uuid4().hex[:8]}"
 # The fixture tasks' own verifier tests run inside containers, never here.
 collect_ignore_glob = ["fixtures/*"]
-
-
-def _connect():
-  from rsi_jax.env.sandbox import SandboxError, docker_client
-  try:
-    return docker_client()
-  except SandboxError as e:
-    return e
-
-
-@pytest.fixture(scope="session")
-def docker_client():
-  c = _connect()
-  if isinstance(c, Exception):
-    msg = f"no Docker daemon: {c} (scripts/docker_up.sh starts one)"
-    if os.environ.get("RSI_REQUIRE_DOCKER") == "1":
-      pytest.fail(msg)
-    pytest.skip(msg)
-  try:
-    c.images.get("rsi-base")
-  except Exception:  # noqa: BLE001
-    msg = "image rsi-base is missing (scripts/build_base_image.sh builds it)"
-    if os.environ.get("RSI_REQUIRE_DOCKER") == "1":
-      pytest.fail(msg)
-    pytest.skip(msg)
-  return c
 
 
 @pytest.fixture(scope="session")
@@ -77,6 +49,7 @@ def renderer(tokenizer):
 def no_container_left_behind():
   """After the whole session, no container labelled with this run's id may remain."""
   yield
+  from tests.conftest import _connect
   c = _connect()
   if isinstance(c, Exception):
     return

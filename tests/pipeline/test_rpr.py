@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def trainer():
   cfg = load_config(CONFIG_DIR / "smoke.yml", ["model.max_target_length=64", "rl.gamma_turn=0.95",
+                                               "mesh.ici_fsdp_parallelism=2", "mesh.ici_tensor_parallelism=1",
                                                "rl.lambda_turn=0.9"])
   mesh = build_mesh(cfg, jax.devices()[:2])
   actor, critic = Actor(cfg, mesh), Critic(cfg, mesh)
