@@ -181,7 +181,8 @@ class Engine:
     sampling mesh: the training -> sampling weight transfer."""
     if isinstance(params, nnx.State):
       params = nnx.to_pure_dict(params)
-    return jax.device_put(params, self.param_shardings)
+    # Always a copy: the learner may donate its buffers to the next update while the sampler keeps these.
+    return jax.device_put(params, self.param_shardings, may_alias=False)
 
   # ------------------------------------------------------------------------------------------ state
 

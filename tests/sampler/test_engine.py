@@ -103,3 +103,12 @@ def test_tensor_parallel_sampling_mesh(cfg, actor, actor_params):
     out.append(int(res.tokens[2]))
     lps.append(float(res.logprobs[2]))
   np.testing.assert_allclose(lps, reference_logprobs(actor, actor_params, [prompt], [out])[0], atol=TOL, rtol=0)
+
+
+def test_loaded_params_survive_the_source_being_deleted(engine, actor_params):
+  """load_params copies even within one mesh: the learner may donate (delete) its buffers afterwards."""
+  src = engine.load_params(actor_params)
+  mine = engine.load_params(src)
+  expected = float(engine.prefill(src, [1, 2, 3], jax.random.key(0)).logprob[0])
+  jax.tree.map(lambda x: x.delete(), src)
+  assert float(engine.prefill(mine, [1, 2, 3], jax.random.key(0)).logprob[0]) == expected

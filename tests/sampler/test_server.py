@@ -121,13 +121,14 @@ def test_weight_swap(engine, actor, actor_params, actor_params_b, policy):
   sp_long = P.SamplingParams(temperature=1.0, max_new_tokens=AR_CAPACITY, seed=5)
   sp = P.SamplingParams(temperature=1.0, max_new_tokens=10, seed=6)
   p = prompt(9, 3)
+  new = engine.load_params(actor_params_b)  # training mesh -> sampling mesh, ahead so the swap below is quick
   with SamplerServer(engine, actor_params, swap_policy=policy, eos_token_ids=()) as s:
     before = s.generate(p, sp)
     start = s.stats.decode_steps
     inflight = s.submit(p, sp_long)
-    while s.stats.decode_steps < start + 4:  # make sure the long request is decoding
-      time.sleep(0.005)
-    v = s.update_weights(actor_params_b)  # from the training mesh, resharded
+    while s.stats.decode_steps < start + 4:  # the long request is decoding (about 20 steps to go)
+      time.sleep(0.001)
+    v = s.update_weights(new)
     after = s.submit(p, sp).result()
     old = inflight.result()
   assert v == 1 and before.weight_version == 0 and after.weight_version == 1 and not after.version_changed
