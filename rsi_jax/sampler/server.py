@@ -196,7 +196,7 @@ class SamplerServer:
   # ------------------------------------------------------------------------------------------ loop
 
   def _loop(self):
-    pending = None  # (StepResult on device, requests per slot at dispatch)
+    pending = None  # (StepResult on device, request per slot at dispatch, weight version at dispatch)
     try:
       while True:
         with self._cv:
