@@ -74,6 +74,9 @@ class Policy(Protocol):
     ...
 
 
+@runtime_checkable
 class AsyncPolicy(Policy, Protocol):
+  """A Policy that also queues requests and returns futures resolving to :class:`Completion`."""
+
   def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> Future:
     ...
