@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import re
 import types
 import typing
@@ -373,6 +374,15 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
     tree["model"] = _deep_merge(model_tree, tree.get("model", {}) or {})
   tree = _deep_merge(tree, _nest(ov))
   return build_config(tree)
+
+
+def load_cli_config(path: str, overrides: Sequence[str]) -> Config:
+  """For entry points: the config, or a one-line error naming the key on stderr and exit status 2."""
+  try:
+    return load_config(path, overrides)
+  except ConfigError as e:
+    print(f"config error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 def load_model_file(name: str) -> dict:

@@ -6,22 +6,16 @@ picks a model file). The run walks the configured pipeline; see README.md.
 
 from __future__ import annotations
 
-import sys
-
 from absl import app, flags, logging
 
-from rsi_jax.config import ConfigError, dump_config, load_config
+from rsi_jax.config import dump_config, load_cli_config
 from rsi_jax.log import setup_logging
 
 FLAGS = flags.DEFINE_string("config", "configs/smoke.yml", "Run config file (YAML).")
 
 
 def main(argv):
-  try:
-    cfg = load_config(FLAGS.value, argv[1:])
-  except ConfigError as e:
-    print(f"config error: {e}", file=sys.stderr)
-    return 2
+  cfg = load_cli_config(FLAGS.value, argv[1:])
   setup_logging(cfg.run.log_level)
   logging.info("config %s with %d override(s)\n%s", FLAGS.value, len(argv) - 1, dump_config(cfg))
   from rsi_jax.pipeline.smoke import run_smoke  # heavy imports after the config is known to be valid

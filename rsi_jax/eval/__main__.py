@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 
 from absl import app, flags
 
-from rsi_jax.config import ConfigError, load_config
+from rsi_jax.config import load_cli_config
 from rsi_jax.log import setup_logging
 
 _CONFIG = flags.DEFINE_string("config", "configs/smoke.yml", "Run config file (YAML).")
@@ -31,11 +30,7 @@ _JSON = flags.DEFINE_string("json", "", "Also write the metrics and per-attempt 
 
 
 def main(argv):
-  try:
-    cfg = load_config(_CONFIG.value, argv[1:])
-  except ConfigError as e:
-    print(f"config error: {e}", file=sys.stderr)
-    return 2
+  cfg = load_cli_config(_CONFIG.value, argv[1:])
   setup_logging(cfg.run.log_level)
   from rsi_jax.eval.run import EVAL_SAMPLING, evaluate_config
   sampling = dataclasses.replace(EVAL_SAMPLING, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
