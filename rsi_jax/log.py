@@ -16,7 +16,6 @@ def setup_logging(level: str = "info") -> None:
 
 
 def progress(it: Iterable | None = None, desc: str = "", total: int | None = None, enabled: bool = True):
-  """A tqdm bar on stderr, or a silent pass-through when disabled or stderr is not a terminal and
-  ``enabled`` is "auto"."""
+  """A tqdm bar on stderr (``run.progress``); with ``enabled=False`` a silent pass-through."""
   return tqdm(it, desc=desc, total=total, disable=not enabled, file=sys.stderr, dynamic_ncols=True,
               leave=True)
