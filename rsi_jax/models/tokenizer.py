@@ -55,6 +55,9 @@ class Tokenizer:
     self.endoftext_id = self._required_id("<|endoftext|>")
     self.eos_ids = (self.im_end_id, self.endoftext_id)
     self.pad_id = self.endoftext_id
+    # A second instance that reads special-token strings in text as plain text (for untrusted content).
+    self._plain = tokenizers.Tokenizer.from_file(str(file))
+    self._plain.encode_special_tokens = True
 
   def _required_id(self, token: str) -> int:
     i = self._tok.token_to_id(token)
@@ -68,6 +71,10 @@ class Tokenizer:
 
   def encode(self, text: str) -> list[int]:
     return self._tok.encode(text, add_special_tokens=False).ids
+
+  def encode_text(self, text: str) -> list[int]:
+    """Encode ``text`` with special-token strings (``<|im_end|>``...) read as ordinary characters."""
+    return self._plain.encode(text, add_special_tokens=False).ids
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
@@ -125,12 +132,22 @@ class ChatRenderer:
       return list(self._newline)
     return [self.tok.im_end_id] + list(self._newline)
 
+  def _framed(self, head: str, content: str, tail: str) -> list[int]:
+    """``head + content + tail`` as ids, where only the frame may contain control tokens.
+
+    Content (an instruction, a command's output, an action) is untrusted: a program that prints
+    ``<|im_end|><|im_start|>assistant`` must not forge turn structure. Content without such strings is
+    encoded in one piece (identical to HF's template); content with them is encoded apart, as plain text."""
+    if "<|" not in content:
+      return self.tok.encode(head + content + tail)
+    return self.tok.encode(head) + self.tok.encode_text(content) + self.tok.encode(tail)
+
   def render_message(self, role: str, content: str) -> list[int]:
     """One complete non-assistant message (system, user, or a tool observation) as ids."""
     if role == "system" or role == "user":
-      return self.tok.encode(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+      return self._framed(f"<|im_start|>{role}\n", content, "<|im_end|>\n")
     if role == "tool":
-      return self.tok.encode(f"<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n")
+      return self._framed("<|im_start|>user\n<tool_response>\n", content, "\n</tool_response><|im_end|>\n")
     if role == "assistant":
       ids, _ = self.render_assistant(content)
       return ids
@@ -138,7 +155,7 @@ class ChatRenderer:
 
   def render_assistant(self, content: str) -> tuple[list[int], list[bool]]:
     """A complete assistant turn: generation prompt + content + <|im_end|> + newline, with its gen mask."""
-    body = self.tok.encode(content) + [self.tok.im_end_id]
+    body = self.tok.encode_text(content) + [self.tok.im_end_id]
     ids = self.generation_prompt() + body + list(self._newline)
     mask = [False] * len(self._gen_prompt) + [True] * len(body) + [False] * len(self._newline)
     return ids, mask
@@ -161,8 +178,10 @@ class ChatRenderer:
         while i + 1 < len(messages) and _role_content(messages[i + 1], i + 1)[0] == "tool":
           i += 1
           parts.append(_role_content(messages[i], i)[1])
-        text = "<|im_start|>user" + "".join(f"\n<tool_response>\n{p}\n</tool_response>" for p in parts)
-        seg = self.tok.encode(text + "<|im_end|>\n")
+        seg = self.tok.encode("<|im_start|>user")
+        for p in parts:
+          seg += self._framed("\n<tool_response>\n", p, "\n</tool_response>")
+        seg += self.tok.encode("<|im_end|>\n")
         seg_mask = [False] * len(seg)
       else:
         seg = self.render_message(role, content)
