@@ -148,11 +148,18 @@ class RLConfig:
   clip_high: float = 5.00
   value_clip: float = 4.00
   logprob_chunk: int = 1024
-  per_device_token_budget: int = 8192
-  pad_multiple: int = 2048
-  dynamic_balancing: bool = False
+  pad_multiple: int = 2048  # token rows are padded to a multiple of this (bounded set of compiled shapes)
+  # PPO passes over one rollout batch: rows split into `minibatches` updates, repeated `ppo_epochs` times,
+  # all against the same π_old / v_old (so the ratio clip binds after the first update). The paper uses
+  # minibatches but does not state their number; 4 x 1 is this project's default.
+  minibatches: int = 4
+  ppo_epochs: int = 1
+  per_device_token_budget: int = 8192  # reserved: token-budget packing is not implemented yet
+  dynamic_balancing: bool = False  # reserved: dynamic length balancing (RPR-2) is not implemented yet
 
   def validate(self, p):
+    for k in ("minibatches", "ppo_epochs"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
     for k in ("gamma_turn", "lambda_turn"):
       _check(0 <= getattr(self, k) <= 1, f"{p}.{k}", f"must be in [0, 1], got {getattr(self, k)}")
     for k in ("clip_low", "clip_high", "value_clip"):

@@ -6,8 +6,8 @@ One rollout step's batch goes through:
    sampler's; those are kept to report the training–inference mismatch), the old critic values v, and TB-GAE
    advantages / returns over the retained (generated) tokens, with segments of one rollout linked by the
    TB-GAE carry (Eq. 12) so summarization boundaries are not terminal.
-2. ``critic_step`` (the first ``critic_only_steps`` rollout steps of a phase: actor frozen) or
-   ``joint_step`` (PPO policy loss, Eq. 14 with ε_ℓ=0.30 / ε_h=5.00, plus the max-form clipped value loss
+2. ``rl.ppo_epochs`` x ``rl.minibatches`` updates, each a ``critic_step`` (the first ``critic_only_steps``
+   rollout steps of a phase: actor frozen) or a ``joint_step`` (PPO policy loss, Eq. 14 with ε_ℓ=0.30 / ε_h=5.00, plus the max-form clipped value loss
    with ε_V=4.00), each role with its own AdamW chain (``make_optimizer``).
 """
 
@@ -24,7 +24,7 @@ from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, m
 from rsi_jax.rl.advantages import TBGAECarry, TBGAEResult, tb_gae
 from rsi_jax.rl.batch import TrajectoryBatch
 from rsi_jax.rl.losses import ppo_policy_loss, value_loss
-from rsi_jax.rl.metrics import explained_variance
+from rsi_jax.rl.metrics import explained_variance, masked_token_mean
 
 _DEVICE_FIELDS = ("tokens", "positions", "segment_ids", "gen_mask", "turn_ids", "rewards", "dones",
                   "row_mask", "next_row")
@@ -126,25 +126,31 @@ class RPRTrainer:
     return s._replace(critic_opt=state.critic_opt, step=state.step)
 
   def step(self, state: TrainState, batch: TrajectoryBatch, train_actor: bool):
-    """One update on one rollout batch. Returns (state, metrics as floats). ``state`` is donated: use the
-    returned one."""
+    """One rollout step's updates: π_old, v_old and TB-GAE once, then ``rl.ppo_epochs`` passes of
+    ``rl.minibatches`` updates over a fixed shuffle of the rows (the ratio clip binds from the second update
+    on). Returns (state, metrics averaged over the updates). ``state`` is donated: use the returned one."""
     if train_actor and state.actor_opt is None:
       raise ValueError("joint step with a frozen-actor state: call start_actor(state) first")
+    rl = self.cfg.rl
+    rows = len(batch.row_mask)
+    if rows % rl.minibatches:
+      raise ValueError(f"batch of {rows} rows does not split into rl.minibatches={rl.minibatches}")
     dev = to_device_batch(batch)
     prep = self._prepare(state.actor, state.critic, dev, chain_links(batch))
     full = {**dev, **prep}
-    mismatch = _mismatch(np.asarray(prep["old_logp"]), batch)
     fn = self._joint_step if train_actor else self._critic_step
-    state, loss, aux = fn(state, full)
-    metrics = {k: float(v) for k, v in jax.device_get(aux).items()}
-    metrics.update(loss=float(loss), **mismatch,
-                   advantage_mean=float(_masked_mean(prep["advantages"], dev["gen_mask"])),
-                   return_mean=float(_masked_mean(prep["returns"], dev["gen_mask"])))
+    order = np.random.default_rng(int(state.step)).permutation(rows).reshape(rl.minibatches, -1)
+    updates = []
+    for _ in range(rl.ppo_epochs):
+      for idx in order:
+        idx = jnp.asarray(np.sort(idx))
+        state, loss, aux = fn(state, {k: v[idx] for k, v in full.items()})
+        updates.append(dict(jax.device_get(aux), loss=loss))
+    metrics = {k: float(np.mean([u[k] for u in updates])) for k in updates[0]}
+    metrics.update(_mismatch(np.asarray(prep["old_logp"]), batch), updates=len(updates),
+                   advantage_mean=float(masked_token_mean(prep["advantages"], dev["gen_mask"])),
+                   return_mean=float(masked_token_mean(prep["returns"], dev["gen_mask"])))
     return state, metrics
-
-
-def _masked_mean(x, m):
-  return jnp.sum(x * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
 def _mismatch(train_logp: np.ndarray, batch: TrajectoryBatch) -> dict:

@@ -32,7 +32,6 @@ from rsi_jax.log import progress
 from rsi_jax.policy import SamplingParams
 
 RSR_PHASES = ("rsr1", "rsr2")
-RPR_PHASES = ("rpr1", "rpr2")
 
 
 @dataclasses.dataclass
@@ -156,7 +155,8 @@ def run_smoke(cfg: Config) -> Summary:
         critic_before = params_digest(critic_params) if critic_params is not None else None
         accepted = _discover(pool, tasks, tok, renderer, pcfg, JsonHarness, ScriptedPolicy, oracle_commands)
         samples = [episode_samples(r.segments, i) for i, r in enumerate(accepted)]
-        batch = assemble_batch(samples, [1.0] * len(samples), pad_multiple=64, pad_id=tok.pad_id)
+        batch = assemble_batch(samples, [1.0] * len(samples), pad_multiple=pcfg.rl.pad_multiple,
+                               pad_id=tok.pad_id, num_rows=_round_rows(sum(map(len, samples)), mesh))
         opt = make_optimizer(pcfg.actor_optim)
         nll = masked_nll_loss(actor)
         step = make_train_step(actor, opt, nll)
@@ -194,8 +194,9 @@ def run_smoke(cfg: Config) -> Summary:
           rewards, mask = outcome_rewards([e.outcome for e in eps], [e.family for e in eps],
                                           pcfg.reward.kind, table)
           batch = assemble_batch([episode_samples(e.segments, j) for j, e in enumerate(eps)], rewards,
-                                 mask > 0, pad_multiple=64, pad_id=tok.pad_id,
-                                 num_rows=_round_rows(sum(len(e.segments) for e in eps), mesh))
+                                 mask > 0, pad_multiple=pcfg.rl.pad_multiple, pad_id=tok.pad_id,
+                                 num_rows=_round_rows(sum(len(e.segments) for e in eps), mesh,
+                                                      pcfg.rl.minibatches))
           train_actor = i >= critic_only
           if train_actor and state.actor_opt is None:
             state = trainer.start_actor(state)
@@ -264,9 +265,10 @@ def _pick_tasks(tasks, n):
   return out
 
 
-def _round_rows(rows: int, mesh) -> int:
-  shards = int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1))
-  return -(-rows // shards) * shards
+def _round_rows(rows: int, mesh, minibatches: int = 1) -> int:
+  """Rows padded so every minibatch splits evenly over the mesh's batch shards (data x fsdp)."""
+  unit = int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1)) * minibatches
+  return -(-rows // unit) * unit
 
 
 def _json_default(x):

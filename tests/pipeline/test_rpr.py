@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 def trainer():
   cfg = load_config(CONFIG_DIR / "smoke.yml", ["model.max_target_length=64", "rl.gamma_turn=0.95",
                                                "mesh.ici_fsdp_parallelism=2", "mesh.ici_tensor_parallelism=1",
+                                               "rl.minibatches=1",
                                                "rl.lambda_turn=0.9"])
   mesh = build_mesh(cfg, jax.devices()[:2])
   actor, critic = Actor(cfg, mesh), Critic(cfg, mesh)
@@ -84,3 +85,18 @@ def test_joint_step_needs_an_actor_optimizer(trainer):
   state = tr.init_state(a0, c0, train_actor=False)
   with pytest.raises(ValueError, match="start_actor"):
     tr.step(state, _batch(), train_actor=True)
+
+
+def test_minibatches_make_the_clip_live(trainer):
+  """With several minibatches against one π_old, later updates see ρ ≠ 1 (the clip can bind)."""
+  from rsi_jax.config import with_overrides
+  tr, a0, c0 = _fresh(trainer)
+  tr2 = RPRTrainer(with_overrides(tr.cfg, {"rl": {"minibatches": 2, "ppo_epochs": 2}}), tr.actor, tr.critic)
+  state = tr2.start_actor(tr2.init_state(a0, c0, train_actor=False))
+  state, m = tr2.step(state, _batch(), train_actor=True)
+  assert m["updates"] == 4 and int(state.step) == 4
+  assert m["policy/ratio_max"] > 1.0 or m["policy/ratio_min"] < 1.0
+  assert m["policy/approx_kl"] > 0
+  with pytest.raises(ValueError, match="does not split into rl.minibatches=3"):
+    RPRTrainer(with_overrides(tr.cfg, {"rl": {"minibatches": 3}}), tr.actor, tr.critic).step(
+        state, _batch(), train_actor=True)
