@@ -157,6 +157,10 @@ def run_episode(task: Task, harness: Harness, client, settings: EnvSettings, *, 
   except SandboxError as e:
     res.failure_kind, res.error = e.kind, str(e)
     res.outcome = verification_outcome(infra_error=str(e))
+  except Exception as e:  # noqa: BLE001 - e.g. a docker-py / HTTP error outside SandboxError: keep the record
+    log.exception("%s: episode failed", task.name)
+    res.failure_kind, res.error = DOCKER_ERROR, f"{type(e).__name__}: {e}"
+    res.outcome = verification_outcome(infra_error=res.error)
   finally:
     res.total_s = time.time() - t0
   return res

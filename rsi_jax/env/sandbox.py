@@ -53,6 +53,7 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Failure kinds (EpisodeResult.failure_kind / SandboxError.kind).
 CONTAINER_DIED = "container_died"
 DOCKER_ERROR = "docker_error"
+BACKSTOP_GRACE_S = 5.0  # host-side kill of a command this long after its timeout (the watchdog was killed)
 CREATE_FAILED = "create_failed"
 BUILD_FAILED = "build_failed"
 VERIFIER_TIMEOUT = "verifier_timeout"
@@ -67,6 +68,7 @@ INIT_CMD = ["/bin/bash", "-c", "while :; do /usr/bin/sleep 86400 & wait $!; done
 _SHELL_SCRIPT = r"""
 __rsi_d=/tmp/.rsi_shell; __rsi_id=$1; __rsi_o=$__rsi_d/out.$1
 /usr/bin/mkdir -p "$__rsi_d"
+echo $$ > "$__rsi_d/pid.$1"
 /usr/bin/setsid /bin/bash -c '/usr/bin/sleep "$1"; : > "$2"; kill -KILL -- -"$3"' _ "$2" \
   "$__rsi_d/timeout.$1" $$ </dev/null >/dev/null 2>&1 &
 __rsi_wd=$!
@@ -402,6 +404,11 @@ class DockerSandbox:
     self._n += 1
     n = self._n
     t0 = time.time()
+    # The in-container watchdog runs as root beside the agent, which can kill it (`pkill sleep`); a host-side
+    # timer then ends the command the same way, so a command never outlives its timeout by more than a grace.
+    backstop = threading.Timer(timeout_s + BACKSTOP_GRACE_S, self._kill_command, args=(n,))
+    backstop.daemon = True
+    backstop.start()
     try:
       res = self.container.exec_run(
           ["/bin/bash", "-c", _SHELL_SCRIPT, "bash", str(n), f"{timeout_s:g}",
@@ -409,6 +416,8 @@ class DockerSandbox:
     except docker.errors.DockerException as e:
       self._check_alive("a command")
       raise SandboxError(DOCKER_ERROR, f"exec failed: {e}") from None
+    finally:
+      backstop.cancel()
     dt = time.time() - t0
     out = res.output or b""
     end = out.rfind(_END)
@@ -428,6 +437,14 @@ class DockerSandbox:
       return CommandResult(out, 137, False, dt)
     code = int(out[end + len(_END):].rstrip(b"\x1e") or res.exit_code or 0)
     return CommandResult(out[:end].decode("utf-8", "replace"), code, False, dt)
+
+  def _kill_command(self, n: int):
+    """Host-side backstop for command ``n``: mark it timed out and kill its process group."""
+    try:
+      self.exec_raw(["/bin/bash", "-c", f": > /tmp/.rsi_shell/timeout.{n}; "
+                     f"kill -KILL -- -$(cat /tmp/.rsi_shell/pid.{n})"], timeout_s=10)
+    except Exception:  # noqa: BLE001 - the container may be gone; run() reports that itself
+      log.debug("backstop kill of command %d failed", n, exc_info=True)
 
   def exec_raw(self, argv: list[str], *, timeout_s: float, env: Mapping[str, str] | None = None,
                workdir: str = "/", cap_bytes: int | None = None) -> CommandResult:

@@ -85,6 +85,17 @@ def test_timeout_hard_kill_and_recovery(box):
   assert r.output == "/tmp\nyes\n" and r.exit_code == 0
 
 
+def test_killing_the_watchdog_does_not_escape_the_timeout(box):
+  """The agent is root beside its watchdog and can kill it; the host-side backstop still ends the command
+  (within the timeout plus the backstop grace) and reports a timeout, and the shell keeps working."""
+  from rsi_jax.env.sandbox import BACKSTOP_GRACE_S
+  t0 = time.time()
+  r = box.run("pkill -KILL -f rsi_shell/timeout; echo watchdog-gone; sleep 120", timeout_s=2)
+  assert r.timed_out and r.exit_code == 124 and "watchdog-gone" in r.output
+  assert time.time() - t0 < 2 + BACKSTOP_GRACE_S + 8
+  assert box.run("echo alive").output == "alive\n"
+
+
 def test_background_job_does_not_block(box):
   t0 = time.time()
   r = box.run("sleep 100 > /dev/null 2>&1 & echo launched", timeout_s=15)
