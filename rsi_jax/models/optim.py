@@ -109,15 +109,15 @@ def init_train_state(actor, optimizer, actor_params, critic=None, critic_optimiz
   return TrainState(actor_params, a_opt, critic_params, c_opt, step)
 
 
-def masked_nll_loss(actor):
-  """A plain SFT loss (paper Eq. 3, sample-level mean): batch dict with tokens, positions, segment_ids, mask."""
+def masked_nll_loss(actor, normalize: str = "per_sample"):
+  """The RSR SFT loss (paper Eq. 3 via :func:`rsi_jax.rl.losses.sft_loss`; ``normalize`` as documented
+  there) as a train-step loss. Batch dict: tokens, positions, segment_ids, mask (generated decisions)."""
+  from rsi_jax.rl.losses import sft_loss
   logprobs = actor.token_logprobs_fn()
 
   def loss_fn(actor_params, critic_params, batch):
     lp = logprobs(actor_params, batch["tokens"], batch["positions"], batch["segment_ids"])
-    m = batch["mask"].astype(jnp.float32)
-    per_row = -(lp * m).sum(-1) / jnp.maximum(m.sum(-1), 1.0)
-    has = (m.sum(-1) > 0).astype(jnp.float32)
-    return (per_row * has).sum() / jnp.maximum(has.sum(), 1.0), {}
+    loss, m = sft_loss(lp, batch["mask"].astype(jnp.float32), normalize=normalize)
+    return loss, {"nll_per_token": m["nll_per_token"]}
 
   return loss_fn

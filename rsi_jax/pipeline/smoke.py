@@ -160,20 +160,20 @@ def run_smoke(cfg: Config) -> Summary:
         opt = make_optimizer(pcfg.actor_optim)
         nll = masked_nll_loss(actor)
         step = make_train_step(actor, opt, nll)
-        sft_eval = jax.jit(lambda a, d: nll(a, None, d)[0])
+        sft_eval = jax.jit(lambda a, d: nll(a, None, d)[1]["nll_per_token"])
         state = init_train_state(actor, opt, actor_params)
         data = {"tokens": batch.tokens, "positions": batch.positions, "segment_ids": batch.segment_ids,
                 "mask": batch.gen_mask}
-        losses = []  # loss before each update; the last entry is after the final one
+        losses = []  # per-token NLL before each update; the last entry is after the final one
         for _ in progress(range(pcfg.pipeline.sft_epochs), f"{phase} SFT", enabled=cfg.run.progress):
-          state, loss, _ = step(state, data)
-          losses.append(float(loss))
+          state, _, aux = step(state, data)
+          losses.append(float(aux["nll_per_token"]))
         losses.append(float(sft_eval(state.actor, data)))
         actor_params = state.actor
         sampler.update_weights(actor_params)
         entry.update(accepted=len(accepted), sft_tokens=int(batch.gen_mask.sum()), sft_losses=losses)
         s.add(f"{phase}", f"{len(accepted)} verified trajectories, {int(batch.gen_mask.sum())} generated tokens, "
-              f"{pcfg.pipeline.sft_epochs} SFT epoch(s), loss {losses[0]:.3f} -> {losses[-1]:.3f}",
+              f"{pcfg.pipeline.sft_epochs} SFT epoch(s) (Eq. 3), NLL/token {losses[0]:.3f} -> {losses[-1]:.3f}",
               ok=len(accepted) > 0 and losses[-1] < losses[0])
         if critic_before is not None:
           same = params_digest(critic_params) == critic_before
