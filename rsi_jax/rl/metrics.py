@@ -70,9 +70,9 @@ def explained_variance(values, returns, mask):
 def reward_outside_mask(rewards, mask):
   """(B,) total |r̃| placed on positions with mask = 0, which GAE / TB-GAE never read.
 
-  Batch assembly should assert this is 0 everywhere: a reward on an observation or padding token is
-  silently dropped by credit assignment (a known failure of RL stacks), so it must be moved to the
-  generated token that earned it before the advantages are computed.
+  A reward on an observation or padding token is silently dropped by credit assignment (a known failure of
+  RL stacks). :func:`rsi_jax.rl.batch.assemble_batch` places rewards on generated tokens by construction;
+  hand-built batches can be checked with this (it must be 0 everywhere).
   """
   m = _mask(mask)
   return jnp.sum(jnp.where(m, 0.0, jnp.abs(jnp.asarray(rewards, jnp.float32))), axis=-1)
