@@ -171,9 +171,23 @@ class Backbone:
 
   def head_weight(self, params) -> jax.Array:
     """LM head as (E, V): the transposed embedding when tied, else MaxText's logits_dense kernel."""
-    if self.tied:
-      return params["token_embedder"]["embedding"].T
-    return params["decoder"]["logits_dense"]["kernel"]
+    return lm_head_weight(params, self.tied)
+
+
+def lm_head_weight(params, tied: bool) -> jax.Array:
+  """LM head as (E, V) from a MaxText Qwen3 params dict: the transposed embedding when tied, else the
+  logits_dense kernel. Shared by the learner and the sampler so their logits are computed identically."""
+  if tied:
+    return params["token_embedder"]["embedding"].T
+  return params["decoder"]["logits_dense"]["kernel"]
+
+
+def project_logits(h, w, logits_dtype) -> jax.Array:
+  """h (..., E) @ w (E, V) -> float32 logits. float32: both operands float32 at full precision (the
+  reference path); otherwise ``logits_dtype`` operands with float32 accumulation (faster on TPU/GPU)."""
+  if jnp.dtype(logits_dtype) == jnp.float32:
+    return jnp.matmul(h.astype(jnp.float32), w.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+  return jnp.matmul(h.astype(logits_dtype), w.astype(logits_dtype), preferred_element_type=jnp.float32)
 
 
 def _valid_targets(segment_ids: jax.Array) -> jax.Array:
@@ -195,12 +209,8 @@ class Actor(Backbone):
 
   # -- logits
   def _project(self, h, w):
-    """h (..., E) @ w (E, V) -> float32 logits. float32: both operands float32 at full precision
-    (the reference path); otherwise the activation dtype with float32 accumulation (faster on TPU/GPU)."""
-    if self.logits_dtype == jnp.float32:
-      return jnp.matmul(h.astype(jnp.float32), w.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
-    return jnp.matmul(h.astype(self.logits_dtype), w.astype(self.logits_dtype),
-                      preferred_element_type=jnp.float32)
+    """h (..., E) @ w (E, V) -> float32 logits (:func:`project_logits` with ``model.logits_dtype``)."""
+    return project_logits(h, w, self.logits_dtype)
 
   def _logits_impl(self, params, tokens, positions, segment_ids):
     h = self.final_hidden(params, tokens, positions, segment_ids)

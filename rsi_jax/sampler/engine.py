@@ -252,12 +252,8 @@ class Engine:
 
   def _logits(self, params, h):
     """Final-normed hidden (B, E) -> float32 logits (B, V) exactly as the actor computes them."""
-    w = (params["token_embedder"]["embedding"].T if self.tied
-         else params["decoder"]["logits_dense"]["kernel"])
-    if self.logits_dtype == jnp.float32:
-      return jnp.matmul(h.astype(jnp.float32), w.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
-    return jnp.matmul(h.astype(self.logits_dtype), w.astype(self.logits_dtype),
-                      preferred_element_type=jnp.float32)
+    from rsi_jax.models.actor import lm_head_weight, project_logits  # traced once per compile
+    return project_logits(h, lm_head_weight(params, self.tied), self.logits_dtype)
 
   def _prefill_impl(self, params, padded, true_length, key, temperature, top_k, top_p):
     bucket = padded.shape[1]
