@@ -21,6 +21,7 @@ Harnesses:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +33,8 @@ from rsi_jax.env.sandbox import DockerSandbox
 from rsi_jax.env.tasks import Task
 from rsi_jax.policy import (FINISH_EOS, FINISH_LENGTH, FINISH_REJECTED, Completion, Policy,
                             SamplingParams)
+
+log = logging.getLogger(__name__)
 
 # Why the agent phase ended.
 STOP_DONE = "done"  # the agent declared completion
@@ -225,6 +228,9 @@ class ChatHarness(Harness):
         sturn = self._record(len(turns), seg, TURN_SUMMARY, req, scomp)
         turns.append(sturn)
         seg_turns.append(sturn)
+        if scomp.finish_reason == FINISH_REJECTED:  # not even the summary request fits
+          stop = STOP_CONTEXT
+          break
         segments.append(build_segment(seg, seg_turns))
         seg, seg_turns, summaries = seg + 1, [], summaries + 1
         prompt = self.initial_prompt(task, summary=sturn.text)
@@ -296,9 +302,25 @@ def make_harness(name: str, policy: Policy | None = None, renderer=None,
   kw = {}
   if env_cfg is not None:
     kw = dict(max_turns=env_cfg.max_turns, command_timeout_s=env_cfg.command_timeout_s,
-              summarize_threshold_tokens=env_cfg.summarize_threshold_tokens,
+              summarize_threshold_tokens=summarize_threshold(env_cfg.summarize_threshold_tokens, policy),
               output_cap_bytes=env_cfg.output_cap_bytes)
   return HARNESSES[name](policy, renderer, sampling or SamplingParams(), **kw)
+
+
+def summarize_threshold(threshold: int, policy) -> int:
+  """The summarization threshold a harness can actually reach with ``policy``.
+
+  A policy that rejects prompts over ``max_prompt_tokens`` (the sampler's prefill limit) would end the
+  episode with ``context_exhausted`` before a larger threshold triggers, so the threshold is lowered to
+  leave room for the summary request itself (a quarter of the limit, at most 512 tokens)."""
+  limit = getattr(policy, "max_prompt_tokens", None)
+  if not limit:
+    return threshold
+  reachable = max(1, int(limit) - min(512, int(limit) // 4))
+  if reachable < threshold:
+    log.info("summarization threshold %d lowered to %d: the policy accepts prompts of at most %d tokens",
+             threshold, reachable, limit)
+  return min(threshold, reachable)
 
 
 def build_segment(index: int, turns: Sequence[Turn]) -> Segment:

@@ -129,6 +129,11 @@ class SamplerServer:
   def weight_version(self) -> int:
     return self._version
 
+  @property
+  def max_prompt_tokens(self) -> int | None:
+    """Longest prompt served whole (None with ``truncate_left``, which serves any length by cutting it)."""
+    return None if self.prompt_overflow == "truncate_left" else self.engine.max_prefill_length
+
   def submit(self, prompt_ids: Sequence[int], params: P.SamplingParams) -> Future:
     """Queue one request; the future resolves to a :class:`~rsi_jax.policy.Completion`."""
     prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)

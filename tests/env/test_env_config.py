@@ -32,6 +32,18 @@ def test_make_harness_from_config(tokenizer, renderer):
     make_harness("json")
 
 
+def test_summarization_threshold_fits_the_policys_prompt_limit(tokenizer, renderer):
+  """With a sampler that rejects prompts over its prefill limit, the configured threshold (32,000 tokens)
+  could never trigger: the harness lowers it to leave room for the summary request."""
+  cfg = load_config(SMOKE)
+  pol = ScriptedPolicy(tokenizer, [])
+  pol.max_prompt_tokens = 1024
+  h = make_harness("json", pol, renderer, SamplingParams(), cfg.env)
+  assert cfg.env.summarize_threshold_tokens == 32_000 and h.summarize_threshold_tokens == 1024 - 256
+  pol.max_prompt_tokens = 100_000
+  assert make_harness("json", pol, renderer, SamplingParams(), cfg.env).summarize_threshold_tokens == 32_000
+
+
 @pytest.mark.parametrize("override, key", [("env.network=bridge2", "env.network"),
                                            ("env.build_network=wifi", "env.build_network"),
                                            ("env.harness=yaml", "env.harness"),

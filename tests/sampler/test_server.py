@@ -104,13 +104,14 @@ def test_prompt_overflow_policies(engine, actor_params):
   with SamplerServer(engine, actor_params, prompt_overflow="reject") as s:
     c = s.generate(long, sp)
     assert c.finish_reason == P.FINISH_REJECTED and len(c.token_ids) == 0 and c.prompt_len == len(long)
+    assert s.max_prompt_tokens == MAX_PREFILL  # what the harness sizes summarization by
   with SamplerServer(engine, actor_params, prompt_overflow="error") as s:
     with pytest.raises(ValueError, match="max_prefill_length"):
       s.submit(long, sp)
   with SamplerServer(engine, actor_params, prompt_overflow="truncate_left") as s:
     c = s.generate(long, sp)
     tail = s.generate(long[-MAX_PREFILL:], sp)
-    assert c.prompt_len == MAX_PREFILL
+    assert c.prompt_len == MAX_PREFILL and s.max_prompt_tokens is None
     np.testing.assert_array_equal(c.token_ids, tail.token_ids)
     with pytest.raises(ValueError):
       s.submit([VOCAB], sp)
