@@ -50,7 +50,9 @@ def parse_args():
   ap.add_argument("--max-prompt", type=int, default=64, help="prompts have lengths spread over [8, this]")
   ap.add_argument("--decode-batch", type=int, default=0, help="also time raw decode at this many slots")
   ap.add_argument("--decode-steps", type=int, default=128)
-  ap.add_argument("--skip", default="", help="comma list of parts to skip: single,naive,part1")
+  ap.add_argument("--decode-cache", type=int, default=0,
+                  help="positions per slot for part 2 (default: max prompt + new tokens)")
+  ap.add_argument("--skip", default="", help="comma list of parts to skip: single,naive,maxtext,part1")
   ap.add_argument("overrides", nargs="*", help="config key=value overrides")
   return ap.parse_args()
 
@@ -116,25 +118,32 @@ def naive_step_fn(actor, engine):
   return jax.jit(step)
 
 
-def decode_throughput(args):
-  """Raw engine decode with every slot occupied: tokens/s of ``generate``."""
+def decode_throughput(args, impl):
+  """Raw engine decode with every slot occupied: tokens/s of ``generate_steps`` (``--decode-cache``
+  positions per slot)."""
   cfg = make_cfg(args, args.decode_batch)
+  cache = args.decode_cache or cfg.sampler.max_cache_length
+  cfg = with_overrides(cfg, {"sampler": {"decode_impl": impl, "max_cache_length": cache},
+                             "model": {"max_target_length": cache}})
   engine = build_engine(cfg)
   params = engine.init_params(0)
   state = engine.init_decode_state()
   for slot, p in enumerate((prompts(args) * args.decode_batch)[:args.decode_batch]):
     state = engine.insert(engine.prefill(params, p, jax.random.key(slot)), state, slot)
-  steps = min(args.decode_steps, engine.ar_capacity)
-  state, res = engine.generate(params, state)  # compile
+  per_call = cfg.sampler.decode_steps
+  calls = max(1, min(args.decode_steps, engine.ar_capacity) // per_call - 1)
+  state, res = engine.generate_steps(params, state, per_call)  # compile
   jax.block_until_ready(res.tokens)
   t = time.perf_counter()
-  for _ in range(steps - 1):
-    state, res = engine.generate(params, state)
+  for _ in range(calls):
+    state, res = engine.generate_steps(params, state, per_call)
   jax.block_until_ready(res.tokens)
   dt = time.perf_counter() - t
-  n = args.decode_batch * (steps - 1)
-  print(f"decode  batch {args.decode_batch:3d}: {n / dt:10.1f} tokens/s  ({dt / (steps - 1) * 1e3:.2f} ms/step, "
-        f"{steps - 1} steps, cache {cfg.sampler.max_cache_length})")
+  steps = calls * per_call
+  n = args.decode_batch * steps
+  print(f"decode {impl:8s} batch {args.decode_batch:3d}: {n / dt:10.1f} tokens/s  ({dt / steps * 1e3:.2f} ms/step, "
+        f"{steps} steps, {per_call} per call, cache {cache})")
+  return n / dt
 
 
 def main():
@@ -149,9 +158,14 @@ def main():
     engine = build_engine(cfg)
     params = engine.init_params(0)
     results = {}
-    with SamplerServer(engine, params, eos_token_ids=()) as server:
+    with SamplerServer(engine, params, eos_token_ids=(), decode_steps=cfg.sampler.decode_steps) as server:
       run_server(server, reqs, warm, True)
       results["continuous batching"] = run_server(server, reqs, sp, True)
+    if "maxtext" not in skip:  # the same server on MaxText's own autoregressive decode
+      engine_mt = build_engine(with_overrides(cfg, {"sampler": {"decode_impl": "maxtext"}}))
+      with SamplerServer(engine_mt, params, eos_token_ids=(), decode_steps=cfg.sampler.decode_steps) as server:
+        run_server(server, reqs, warm, True)
+        results["continuous, maxtext decode"] = run_server(server, reqs, sp, True)
     if "single" not in skip:
       cfg1 = with_overrides(cfg, {"sampler": {"num_slots": 1}})
       engine1 = build_engine(cfg1)
@@ -176,7 +190,10 @@ def main():
       (n1, d1), (nc, dc) = results["one at a time"], results["continuous batching"]
       print(f"  continuous / one-at-a-time: {(nc / dc) / (n1 / d1):.2f}x")
   if args.decode_batch:
-    decode_throughput(args)
+    slot = decode_throughput(args, "slot")
+    if "maxtext" not in skip:
+      mt = decode_throughput(args, "maxtext")
+      print(f"  slot / maxtext decode: {slot / mt:.2f}x")
 
 
 if __name__ == "__main__":

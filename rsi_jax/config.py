@@ -237,12 +237,18 @@ class SamplerConfig:
   num_slots: int = 8  # concurrent decode slots (continuous batching)
   max_prefill_length: int = 256
   prefill_buckets: tuple = (32, 64, 128, 256)
-  max_cache_length: int = 512  # per slot: max_prefill_length prompt entries + the rest for generated tokens
+  max_cache_length: int = 512  # positions per slot, prompt included (decode_impl maxtext: max_prefill_length
+  # prompt entries + the rest for generated tokens)
   swap_policy: str = "finish_on_old"  # finish_on_old | mark
   prompt_overflow: str = "reject"  # prompt > max_prefill_length: reject (finish "prompt_too_long") | error | truncate_left
   num_devices: int = 1  # devices of the sampling mesh (all on MaxText's tensor axis)
+  decode_impl: str = "slot"  # slot (per-slot KV cache, in place) | maxtext (MaxText's autoregressive mode)
+  decode_steps: int = 4  # decode steps per dispatch (one host round trip per this many tokens per slot)
 
   def validate(self, p):
+    _check(self.decode_impl in ("slot", "maxtext"), f"{p}.decode_impl",
+           f"must be 'slot' or 'maxtext', got {self.decode_impl!r}")
+    _check(self.decode_steps >= 1, f"{p}.decode_steps", f"must be >= 1, got {self.decode_steps}")
     _check(self.num_slots > 0, f"{p}.num_slots", f"must be > 0, got {self.num_slots}")
     _check(self.max_prefill_length > 0, f"{p}.max_prefill_length", f"must be > 0, got {self.max_prefill_length}")
     _check(self.prompt_overflow in ("reject", "error", "truncate_left"), f"{p}.prompt_overflow",

@@ -1,24 +1,33 @@
-"""A JetStream-shaped decode engine on the MaxText Qwen3 model's KV-cache modes.
+"""A JetStream-shaped decode engine for the MaxText Qwen3 model.
 
-The engine owns no request bookkeeping; it is four jitted pure functions over a :class:`DecodeState`:
+The engine owns no request bookkeeping; it is jitted pure functions over a :class:`DecodeState`:
 
-* :meth:`Engine.prefill` runs one prompt (padded to a length bucket, batch 1) through the model in
+* :meth:`Engine.prefill` runs one prompt (padded to a length bucket, batch 1) through MaxText's model in
   ``MODEL_MODE_PREFILL`` and samples its first token -> a :class:`Prefix` (its KV cache + first token).
 * :meth:`Engine.insert` copies a prefix into one slot of the decode state.
-* :meth:`Engine.generate` runs one ``MODEL_MODE_AUTOREGRESSIVE`` step for every slot, each at its own
-  position, and samples each slot's next token with that slot's parameters and key.
+* :meth:`Engine.generate` runs one decode step for every slot, each at its own position, and samples each
+  slot's next token with that slot's parameters and key; :meth:`Engine.generate_steps` runs several such
+  steps in one call (one dispatch and one host round trip for ``n`` tokens per slot).
 * :meth:`Engine.free` deactivates a slot (its row keeps being computed but no longer advances).
 
-MaxText keeps two caches per layer: a per-slot *prefill* cache (``max_prefill_length`` entries, padding
-masked by segment id 0) and an *autoregressive* ring buffer (``max_cache_length - max_prefill_length``
-entries) whose write index is shared by all slots. Insert zeroes the slot's autoregressive segment ids, so a
-slot attends only to entries written since it was inserted; as keys carry their own RoPE position, the
-order in which they sit in the ring does not matter. A slot therefore holds at most
-``ar_capacity = max_cache_length - max_prefill_length`` generated tokens before the ring would overwrite
-its own oldest entry (the caller stops it there: ``finish_reason = "cache_full"``).
+Two decode implementations (``sampler.decode_impl``):
 
-The slot-insert rule below follows MaxText's ``MaxEngine._insert_jit`` (which cannot be imported without
-the archived JetStream package).
+``slot`` (default)
+  :mod:`rsi_jax.sampler.slot_decode`: one KV array per K and V with a row of ``max_cache_length`` positions
+  per slot, written in place. Insert copies the MaxText prefill cache into the slot's first positions. A slot
+  holds ``max_cache_length`` positions, prompt included, so it generates up to
+  ``max_cache_length - prompt_len + 1`` tokens (:meth:`Engine.token_limit`).
+``maxtext``
+  MaxText's own ``MODEL_MODE_AUTOREGRESSIVE``: a per-slot *prefill* cache (``max_prefill_length`` entries,
+  padding masked by segment id 0) and an *autoregressive* ring buffer (``max_cache_length -
+  max_prefill_length`` entries) whose write index is shared by all slots. Insert zeroes the slot's
+  autoregressive segment ids, so a slot attends only to entries written since it was inserted; as keys carry
+  their own RoPE position, their order in the ring does not matter. A slot holds ``ar_capacity`` generated
+  tokens before the ring would overwrite its own oldest entry. Its compiled step copies every layer's whole
+  cache (kept as the reference the benchmark compares against). The insert rule follows MaxText's
+  ``MaxEngine._insert_jit`` (which cannot be imported without the archived JetStream package).
+
+Both give the actor's full-forward logprobs (``tests/sampler/test_engine.py``).
 """
 
 from __future__ import annotations
@@ -94,9 +103,10 @@ class DecodeState:
 
 @struct.dataclass
 class StepResult:
-  tokens: jax.Array  # (S,) int32 token sampled for each slot this step
-  logprobs: jax.Array  # (S,) float32 its logprob
-  active: jax.Array  # (S,) bool whether the slot was active (inactive rows are garbage)
+  """One decode step ((S,) arrays), or ``n`` steps from :meth:`Engine.generate_steps` ((n, S) arrays)."""
+  tokens: jax.Array  # int32 token sampled for each slot
+  logprobs: jax.Array  # float32 its logprob
+  active: jax.Array  # bool whether the slot was active (inactive rows are garbage)
 
 
 class Engine:
@@ -107,9 +117,12 @@ class Engine:
     mesh: the sampling mesh (:func:`sampler_mesh`).
     prefill_buckets: prompt lengths prefill is compiled for; a prompt is padded to the smallest bucket that
       holds it (bounds recompiles to one per bucket).
+    logits_dtype: the LM head's operand dtype (``model.logits_dtype``), as the actor's.
+    decode_impl: "slot" or "maxtext" (module docstring).
   """
 
-  def __init__(self, mt_config, mesh: jax.sharding.Mesh, prefill_buckets=(), logits_dtype="float32"):
+  def __init__(self, mt_config, mesh: jax.sharding.Mesh, prefill_buckets=(), logits_dtype="float32",
+               decode_impl: str = "slot"):
     from maxtext.common.common_types import MODEL_MODE_AUTOREGRESSIVE, MODEL_MODE_PREFILL
     from maxtext.utils import model_creation_utils, sharding
 
@@ -117,7 +130,11 @@ class Engine:
     self.mesh = mesh
     self.num_slots = int(mt_config.micro_batch_size_to_train_on)
     self.max_prefill_length = int(mt_config.max_prefill_predict_length)
-    self.ar_capacity = int(mt_config.max_target_length) - self.max_prefill_length
+    self.max_cache_length = int(mt_config.max_target_length)
+    self.ar_capacity = self.max_cache_length - self.max_prefill_length
+    if decode_impl not in ("slot", "maxtext"):
+      raise ValueError(f"decode_impl must be 'slot' or 'maxtext', got {decode_impl!r}")
+    self.decode_impl = decode_impl
     buckets = sorted({int(b) for b in prefill_buckets if b <= self.max_prefill_length}
                      | {self.max_prefill_length})
     self.prefill_buckets = tuple(buckets)
@@ -149,6 +166,16 @@ class Engine:
         lambda v: tuple(v.get_metadata()["sharding_names"]), self._cache_ar_tpl,
         is_leaf=lambda x: isinstance(x, nnx.Variable)))
     self._replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    if decode_impl == "slot":
+      n_kv, head_dim = int(mt_config.num_kv_heads), int(mt_config.head_dim)
+      self._slot_shape = (int(mt_config.num_decoder_layers), self.num_slots, self.max_cache_length, n_kv,
+                          head_dim)
+      tp = mesh.shape["tensor"]
+      # KV heads split over the tensor axis as the attention weights are; replicated when they do not divide.
+      spec = jax.sharding.PartitionSpec(None, None, None, "tensor" if n_kv % tp == 0 else None, None)
+      kv = jax.sharding.NamedSharding(mesh, spec)
+      self._cache_shardings = {"k": kv, "v": kv}
+      self._dtype = jnp.dtype(mt_config.dtype)
     # Every decode state carries the same shardings (cache: MaxText's; the rest replicated), so the state
     # coming out of one call never recompiles the next.
     r = self._replicated
@@ -158,6 +185,8 @@ class Engine:
     self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,), out_shardings=self._state_shardings)
     self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,),
                                  out_shardings=(self._state_shardings, r))
+    self._generate_steps_jit = jax.jit(self._generate_steps_impl, donate_argnums=(1,), static_argnums=(2,),
+                                       out_shardings=(self._state_shardings, r))
     self._free_jit = jax.jit(self._free_impl, donate_argnums=(0,), out_shardings=self._state_shardings)
 
   # ------------------------------------------------------------------------------------------ params
@@ -188,13 +217,23 @@ class Engine:
 
   def init_decode_state(self) -> DecodeState:
     s = self.num_slots
-    cache = jax.tree.map(lambda v: jnp.zeros(v.shape, v.dtype), nnx.to_pure_dict(self._cache_ar_tpl))
+    if self.decode_impl == "slot":
+      cache = {"k": jnp.zeros(self._slot_shape, self._dtype), "v": jnp.zeros(self._slot_shape, self._dtype)}
+    else:
+      cache = jax.tree.map(lambda v: jnp.zeros(v.shape, v.dtype), nnx.to_pure_dict(self._cache_ar_tpl))
     state = DecodeState(
         cache=cache, tokens=jnp.zeros((s,), jnp.int32), next_pos=jnp.zeros((s,), jnp.int32),
         n_generated=jnp.zeros((s,), jnp.int32), keys=jax.random.split(jax.random.key(0), s),
         temperature=jnp.ones((s,), jnp.float32), top_k=jnp.zeros((s,), jnp.int32),
         top_p=jnp.ones((s,), jnp.float32), active=jnp.zeros((s,), bool))
     return jax.device_put(state, self._state_shardings)
+
+  def token_limit(self, prompt_len: int) -> int:
+    """Most tokens a slot can generate for a prompt of ``prompt_len`` tokens (the last sampled token is
+    never written to the cache). The caller ends the request there (``finish_reason = "cache_full"``)."""
+    if self.decode_impl == "slot":
+      return self.max_cache_length - prompt_len + 1
+    return self.ar_capacity + 1
 
   def bucket(self, length: int) -> int:
     """The smallest prefill bucket holding ``length`` tokens."""
@@ -224,6 +263,14 @@ class Engine:
   def generate(self, params, state: DecodeState) -> tuple[DecodeState, StepResult]:
     """One decode step for every slot (donates ``state``)."""
     return self._generate_jit(params, state)
+
+  def generate_steps(self, params, state: DecodeState, num_steps: int) -> tuple[DecodeState, StepResult]:
+    """``num_steps`` decode steps in one call (donates ``state``); the result's arrays are (num_steps, S).
+
+    Identical to calling :meth:`generate` ``num_steps`` times (each token's key depends only on its request
+    and its index). A slot that passes its :meth:`token_limit` inside the call produces garbage there,
+    which the caller discards."""
+    return self._generate_steps_jit(params, state, int(num_steps))
 
   def free(self, state: DecodeState, slot: int) -> DecodeState:
     """Release ``slot``: it stops advancing until the next insert (donates ``state``)."""
@@ -269,6 +316,29 @@ class Engine:
                   temperature=temperature, top_k=top_k, top_p=top_p)
 
   def _insert_impl(self, prefix: Prefix, state: DecodeState, slot):
+    if self.decode_impl == "slot":
+      cache = self._insert_slot(prefix.cache, state.cache, slot)
+    else:
+      cache = self._insert_maxtext(prefix.cache, state.cache, slot)
+    cache = jax.lax.with_sharding_constraint(cache, self._cache_shardings)
+    put = lambda full, part: full.at[slot].set(part[0])
+    return DecodeState(
+        cache=cache, tokens=put(state.tokens, prefix.token), next_pos=put(state.next_pos, prefix.next_pos),
+        n_generated=state.n_generated.at[slot].set(1), keys=put(state.keys, prefix.key),
+        temperature=put(state.temperature, prefix.temperature), top_k=put(state.top_k, prefix.top_k),
+        top_p=put(state.top_p, prefix.top_p), active=state.active.at[slot].set(True))
+
+  def _insert_slot(self, prefill_cache, cache, slot):
+    """MaxText's prefill K/V (layers, bucket, kv_heads, 1, head_dim) -> positions [0, bucket) of ``slot``.
+    Positions past the prompt hold padding keys; decode overwrites each before any query can see it."""
+    kv = prefill_cache["decoder"]["layers"]["self_attention"]["KVCache_0"]
+    out = {}
+    for name, leaf in (("k", "cached_prefill_key"), ("v", "cached_prefill_value")):
+      part = jnp.transpose(kv[leaf], (0, 3, 1, 2, 4))  # (L, 1, bucket, K, D)
+      out[name] = _update_slot(cache[name], part, slot, 1)
+    return out
+
+  def _insert_maxtext(self, prefill_cache, ar_cache, slot):
     def copy(path, part, full, axes):
       name = path[-1].key
       if name in ("cache_ar_index", "cached_ar_key", "cached_ar_value"):
@@ -285,18 +355,30 @@ class Engine:
         return _update_slot(full, part, slot, b)
       raise ValueError(f"no insert rule for cache leaf {name!r}")
 
-    cache = jax.tree_util.tree_map_with_path(copy, prefix.cache, state.cache, self._cache_axes)
-    cache = jax.lax.with_sharding_constraint(cache, self._cache_shardings)
-    put = lambda full, part: full.at[slot].set(part[0])
-    return DecodeState(
-        cache=cache, tokens=put(state.tokens, prefix.token), next_pos=put(state.next_pos, prefix.next_pos),
-        n_generated=state.n_generated.at[slot].set(1), keys=put(state.keys, prefix.key),
-        temperature=put(state.temperature, prefix.temperature), top_k=put(state.top_k, prefix.top_k),
-        top_p=put(state.top_p, prefix.top_p), active=state.active.at[slot].set(True))
+    return jax.tree_util.tree_map_with_path(copy, prefill_cache, ar_cache, self._cache_axes)
+
+  def _decode_hidden(self, params, state: DecodeState):
+    """Final-normed hidden (S, E) of every slot's current token and the cache with it written."""
+    if self.decode_impl == "slot":
+      from rsi_jax.sampler.slot_decode import decode_step
+      mt = self.config
+      h, k, v = decode_step(params, state.cache["k"], state.cache["v"], state.tokens, state.next_pos,
+                            eps=float(mt.normalization_layer_epsilon),
+                            rope_max_timescale=float(mt.rope_max_timescale),
+                            rope_min_timescale=float(mt.rope_min_timescale), dtype=self._dtype)
+      return h, {"k": k, "v": v}
+    hidden, cache = self._hidden(1, params, state.cache, state.tokens[:, None], state.next_pos[:, None])
+    return hidden[:, 0], cache
+
+  def _generate_steps_impl(self, params, state: DecodeState, num_steps: int):
+    def body(st, _):
+      st, res = self._generate_impl(params, st)
+      return st, res
+    return jax.lax.scan(body, state, None, length=num_steps)
 
   def _generate_impl(self, params, state: DecodeState):
-    hidden, cache = self._hidden(1, params, state.cache, state.tokens[:, None], state.next_pos[:, None])
-    logits = jax.lax.with_sharding_constraint(self._logits(params, hidden[:, 0]), self._replicated)  # (S, V)
+    hidden, cache = self._decode_hidden(params, state)
+    logits = jax.lax.with_sharding_constraint(self._logits(params, hidden), self._replicated)  # (S, V)
     cache = jax.lax.with_sharding_constraint(cache, self._cache_shardings)
     keys = jax.vmap(token_key)(state.keys, state.n_generated)
     tok, lp = sample_tokens(logits, keys, state.temperature, state.top_k, state.top_p)
@@ -340,4 +422,4 @@ def build_engine(cfg: Config, devices=None) -> Engine:
   ``sampler.num_devices``)."""
   mesh = sampler_mesh(cfg.sampler.num_devices, devices)
   return Engine(maxtext_sampler_config(cfg, mesh), mesh, cfg.sampler.prefill_buckets,
-                logits_dtype=cfg.model.logits_dtype)
+                logits_dtype=cfg.model.logits_dtype, decode_impl=cfg.sampler.decode_impl)

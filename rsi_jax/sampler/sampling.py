@@ -66,9 +66,22 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
       lambda s: jnp.where(truncation_mask(s, top_k, top_p), s, -jnp.inf),
       lambda s: s, scaled)
   sampled = jax.vmap(_inverse_cdf_sample)(keys, masked)
-  tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
-  logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
+  row_max = jnp.max(logits, axis=-1)
+  # Likewise the argmax, only when some row is greedy.
+  tokens = jax.lax.cond(jnp.any(greedy), lambda: jnp.where(greedy, first_argmax(logits, row_max), sampled),
+                        lambda: sampled).astype(jnp.int32)
+  lse = row_max + jnp.log(jnp.sum(jnp.exp(logits - row_max[:, None]), axis=-1))
+  logprobs = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - lse
   return tokens, logprobs
+
+
+def first_argmax(x: jax.Array, row_max: jax.Array) -> jax.Array:
+  """``jnp.argmax(x, axis=-1)`` (first index of the maximum) for (B, V) ``x`` given its row maxima.
+
+  Two plain reductions instead of XLA's variadic (value, index) reduce, which does not vectorise on CPU:
+  8 x 151,936 takes 0.4 ms here against 3.1 ms for ``jnp.argmax``."""
+  iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+  return jnp.min(jnp.where(x == row_max[:, None], iota, x.shape[-1]), axis=-1)
 
 
 _BLOCK = 128  # vocabulary entries per block of the two-level inverse CDF

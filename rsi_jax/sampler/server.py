@@ -4,14 +4,15 @@ One background thread owns the decode state. Each turn of its loop it
 
 1. applies a pending weight swap when the swap policy allows it,
 2. admits queued requests into free slots (prefill -> insert),
-3. dispatches one decode step for all slots, and while the device computes it, records the previous
-   step's tokens on the host, finishes requests (EOS, stop ids, stop strings, max new tokens, full cache)
-   and frees their slots.
+3. dispatches ``decode_steps`` decode steps for all slots (one call), and while the device computes them,
+   records the previous call's tokens on the host, finishes requests (EOS, stop ids, stop strings, max new
+   tokens, full cache) and frees their slots.
 
 So requests of different lengths and arrival times share decode steps, and a slot is refilled as soon as
 its request ends. Any number of threads may call :meth:`SamplerServer.submit` / :meth:`generate`
-(:class:`rsi_jax.policy.AsyncPolicy`). Host bookkeeping trails the device by one step, so a finished slot
-runs one extra (discarded) step before it is refilled.
+(:class:`rsi_jax.policy.AsyncPolicy`). Host bookkeeping trails the device by one call, so a finished slot
+runs up to ``2 * decode_steps - 1`` extra (discarded) steps before it is refilled; more steps per call mean
+fewer host round trips and dispatches per token.
 
 Weight swap (:meth:`SamplerServer.update_weights`): the new actor params are resharded onto the sampling
 mesh at once; the loop switches between steps. ``swap_policy="finish_on_old"``: admission pauses, requests
@@ -78,16 +79,20 @@ class SamplerServer:
       "truncate_left" (the most recent ``max_prefill_length`` tokens are kept; ``prompt_len`` tells).
     weight_version: version tag of ``params``.
     seed: the stream requests without a seed draw their keys from.
+    decode_steps: decode steps per engine call (``sampler.decode_steps``); outputs do not depend on it.
   """
 
   def __init__(self, engine: Engine, params, *, tokenizer=None, eos_token_ids: Sequence[int] | None = None,
                swap_policy: str = "finish_on_old", prompt_overflow: str = "reject", weight_version: int = 0,
-               seed: int = 0):
+               seed: int = 0, decode_steps: int = 1):
     if swap_policy not in ("finish_on_old", "mark"):
       raise ValueError(f"swap_policy must be 'finish_on_old' or 'mark', got {swap_policy!r}")
     if prompt_overflow not in ("reject", "error", "truncate_left"):
       raise ValueError(f"prompt_overflow must be reject/error/truncate_left, got {prompt_overflow!r}")
+    if decode_steps < 1:
+      raise ValueError(f"decode_steps must be >= 1, got {decode_steps}")
     self.engine = engine
+    self.decode_steps = int(decode_steps)
     self.tokenizer = tokenizer
     if eos_token_ids is None:
       eos_token_ids = getattr(tokenizer, "eos_ids", QWEN3_EOS_IDS)
@@ -121,6 +126,7 @@ class SamplerServer:
     kw.setdefault("swap_policy", s.swap_policy)
     kw.setdefault("prompt_overflow", s.prompt_overflow)
     kw.setdefault("seed", cfg.run.seed)
+    kw.setdefault("decode_steps", s.decode_steps)
     return cls(build_engine(cfg, devices), params, tokenizer=tokenizer, **kw)
 
   # ------------------------------------------------------------------------------------------ public
@@ -221,10 +227,10 @@ class SamplerServer:
         for slot, req in admit:
           self._prefill_into(slot, req)
         if self._busy():
-          self._state, result = self.engine.generate(self._params, self._state)
-          self.stats.decode_steps += 1
+          self._state, result = self.engine.generate_steps(self._params, self._state, self.decode_steps)
+          self.stats.decode_steps += self.decode_steps
           snapshot = list(self._slots)
-          self.stats.busy_slot_steps += sum(r is not None for r in snapshot)
+          self.stats.busy_slot_steps += self.decode_steps * sum(r is not None for r in snapshot)
           if pending is not None:
             self._record(*pending)  # host work overlaps the step just dispatched
           pending = (result, snapshot, self._version)
@@ -272,16 +278,19 @@ class SamplerServer:
     self._state = self.engine.insert(prefix, self._state, slot)
 
   def _record(self, result, snapshot, version):
-    """Host side of one decode step: ``snapshot`` (request per slot) and ``version`` as at dispatch."""
+    """Host side of one engine call ((steps, S) results): ``snapshot`` (request per slot) and ``version`` as at
+    dispatch. A request's tokens after the one that finished it are discarded."""
     tokens, logprobs = jax.device_get((result.tokens, result.logprobs))
     for slot, req in enumerate(snapshot):
       if req is None or req.done:
         continue
       req.version = version
-      if self._append(req, int(tokens[slot]), float(logprobs[slot])):
-        self._state = self.engine.free(self._state, slot)
-        if self._slots[slot] is req:
-          self._slots[slot] = None
+      for step in range(tokens.shape[0]):
+        if self._append(req, int(tokens[step, slot]), float(logprobs[step, slot])):
+          self._state = self.engine.free(self._state, slot)
+          if self._slots[slot] is req:
+            self._slots[slot] = None
+          break
 
   def _append(self, req: _Request, token: int, logprob: float) -> bool:
     """Record one sampled token; finish the request if it ended. Returns whether it did."""
@@ -296,8 +305,8 @@ class SamplerServer:
       reason = P.FINISH_STOP
     elif n >= sp.max_new_tokens:
       reason = P.FINISH_LENGTH
-    elif n >= self.engine.ar_capacity + 1:
-      reason = P.FINISH_CACHE  # the next step would overwrite this slot's oldest cache entry
+    elif n >= self.engine.token_limit(req.prompt.size):
+      reason = P.FINISH_CACHE  # the slot's cache has no room for the next step
     if reason is None:
       return False
     req.done = True

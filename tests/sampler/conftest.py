@@ -13,7 +13,7 @@ from rsi_jax.config import load_config
 VOCAB = 512
 NUM_SLOTS = 4
 MAX_PREFILL = 32
-AR_CAPACITY = 24  # generated tokens a slot can hold: max_cache_length - max_prefill_length
+AR_CAPACITY = 24  # max_cache_length - max_prefill_length
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +54,11 @@ def actor_params_b(actor):
 def engine(cfg):
   from rsi_jax.sampler.engine import build_engine
   return build_engine(cfg)
+
+
+@pytest.fixture(scope="session")
+def engine_maxtext(cfg):
+  """The reference decode path: MaxText's own autoregressive mode."""
+  from rsi_jax.config import with_overrides
+  from rsi_jax.sampler.engine import build_engine
+  return build_engine(with_overrides(cfg, {"sampler": {"decode_impl": "maxtext"}}))

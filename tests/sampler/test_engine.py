@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.sampler.conftest import AR_CAPACITY, VOCAB
+from tests.sampler.conftest import AR_CAPACITY, MAX_PREFILL, VOCAB
 
 TOL = 2e-5  # float32: |sampler logprob - Actor.token_logprobs| on the same sequence
 
@@ -24,20 +24,27 @@ def reference_logprobs(actor, params, prompts, completions):
   return [lp[i, len(p):len(p) + len(c)] for i, (p, c) in enumerate(zip(prompts, completions))]
 
 
-def test_mixed_lengths_staggered_match_actor_logprobs(engine, actor, actor_params):
+@pytest.mark.parametrize("impl", ["slot", "maxtext"])
+def test_mixed_lengths_staggered_match_actor_logprobs(impl, engine, engine_maxtext, actor, actor_params):
   """Four prompts of different lengths (all three buckets), inserted at different decode steps, each decoded
   until its slot's cache is full; every sampled token's logprob equals the actor's full forward."""
+  engine = engine if impl == "slot" else engine_maxtext
   params = engine.load_params(actor_params)  # training mesh (8 devices, fsdp) -> sampling mesh
   rng = np.random.default_rng(0)
   lengths = (3, 8, 13, 29)
   prompts = [rng.integers(0, VOCAB, n).tolist() for n in lengths]
+  limits = [engine.token_limit(n) for n in lengths]
+  if impl == "slot":  # a slot holds max_cache_length positions, prompt included
+    assert limits == [MAX_PREFILL + AR_CAPACITY - n + 1 for n in lengths]
+  else:  # MaxText's ring: AR_CAPACITY generated entries whatever the prompt
+    assert limits == [AR_CAPACITY + 1] * 4
   samplers = [dict(temperature=1.0), dict(temperature=0.0), dict(temperature=0.7, top_k=20),
               dict(temperature=1.0, top_p=0.9)]
   state = engine.init_decode_state()
   out = [[] for _ in prompts]
   lps = [[] for _ in prompts]
   join_at = (0, 0, 5, 11)  # decode step before which each request is inserted
-  for step in range(max(join_at) + AR_CAPACITY + 1):
+  for step in range(max(j + n for j, n in zip(join_at, limits))):
     for i, j in enumerate(join_at):
       if j == step:
         pre = engine.prefill(params, prompts[i], jax.random.key(i), **samplers[i])
@@ -47,10 +54,10 @@ def test_mixed_lengths_staggered_match_actor_logprobs(engine, actor, actor_param
     state, res = engine.generate(params, state)
     tok, lp, act = map(np.asarray, (res.tokens, res.logprobs, res.active))
     for i, j in enumerate(join_at):
-      if act[i] and len(out[i]) < AR_CAPACITY + 1:  # a slot holds AR_CAPACITY + 1 generated tokens
+      if act[i] and len(out[i]) < limits[i]:
         out[i].append(int(tok[i]))
         lps[i].append(float(lp[i]))
-  assert all(len(o) == AR_CAPACITY + 1 for o in out)
+  assert [len(o) for o in out] == limits
   refs = reference_logprobs(actor, actor_params, prompts, out)
   for i in range(len(prompts)):
     np.testing.assert_allclose(lps[i], refs[i], atol=TOL, rtol=0, err_msg=f"request {i}")
@@ -60,6 +67,31 @@ def test_mixed_lengths_staggered_match_actor_logprobs(engine, actor, actor_param
   logits = np.asarray(actor.logits(actor_params, jnp.asarray([full]), jnp.arange(len(full))[None],
                                    jnp.ones((1, len(full)), jnp.int32)))[0]
   np.testing.assert_array_equal(np.argmax(logits[len(prompts[1]) - 1:-1], -1), out[1])
+
+
+def test_generate_steps_equals_single_steps(engine, actor_params):
+  """n steps in one call give the same tokens, logprobs and state as n calls of generate."""
+  params = engine.load_params(actor_params)
+
+  def start():
+    state = engine.init_decode_state()
+    for slot, (n, temp) in enumerate(((5, 1.0), (17, 0.0), (9, 0.8))):
+      state = engine.insert(engine.prefill(params, list(range(3, 3 + n)), jax.random.key(slot),
+                                           temperature=temp), state, slot)
+    return state
+
+  state, singles = start(), []
+  for _ in range(6):
+    state, res = engine.generate(params, state)
+    singles.append(res)
+  one_pos = np.asarray(state.next_pos)
+  state, multi = engine.generate_steps(params, start(), 6)
+  assert multi.tokens.shape == (6, engine.num_slots)
+  np.testing.assert_array_equal(np.asarray(multi.tokens), np.stack([np.asarray(r.tokens) for r in singles]))
+  np.testing.assert_allclose(np.asarray(multi.logprobs), np.stack([np.asarray(r.logprobs) for r in singles]),
+                             atol=1e-6, rtol=0)
+  np.testing.assert_array_equal(np.asarray(state.next_pos), one_pos)
+  assert list(np.asarray(multi.active)[0]) == [True, True, True] + [False] * (engine.num_slots - 3)
 
 
 def test_free_stops_a_slot_and_insert_reuses_it(engine, actor, actor_params):

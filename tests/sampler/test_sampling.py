@@ -85,3 +85,12 @@ def test_greedy_is_argmax_and_rows_are_independent():
   perm = np.array([3, 5, 0, 2, 1, 4])
   shuffled, _ = sample_tokens(jnp.asarray(logits[perm]), keys[perm], temp[perm], top_k[perm], top_p[perm])
   np.testing.assert_array_equal(np.asarray(shuffled), np.asarray(tok)[perm])
+
+
+def test_first_argmax_is_argmax_with_ties():
+  from rsi_jax.sampler.sampling import first_argmax
+  x = np.random.default_rng(0).integers(0, 5, (64, 1000)).astype(np.float32)  # many ties at the maximum
+  x[3] = -np.inf
+  x[4, 999] = 10.0
+  got = np.asarray(first_argmax(jnp.asarray(x), jnp.max(jnp.asarray(x), axis=-1)))
+  np.testing.assert_array_equal(got, np.argmax(x, axis=-1))

@@ -25,9 +25,11 @@ def prompt(n, seed):
   return np.random.default_rng(seed).integers(0, VOCAB, n).tolist()
 
 
-@pytest.fixture
-def server(engine, actor_params):
-  with SamplerServer(engine, actor_params, tokenizer=CharTokenizer(), eos_token_ids=()) as s:
+@pytest.fixture(params=[1, 3], ids=["1step", "3steps"])
+def server(request, engine, actor_params):
+  """Outputs must not depend on how many decode steps one engine call runs."""
+  with SamplerServer(engine, actor_params, tokenizer=CharTokenizer(), eos_token_ids=(),
+                     decode_steps=request.param) as s:
     yield s
 
 
@@ -92,9 +94,9 @@ def test_stop_conditions(server):
   # Max new tokens 1: done on the prefill's token.
   c = server.generate(p, P.SamplingParams(temperature=0.0, max_new_tokens=1))
   assert c.finish_reason == P.FINISH_LENGTH and list(c.token_ids) == [ref.token_ids[0]]
-  # Cache full: a slot holds AR_CAPACITY + 1 generated tokens.
+  # Cache full: a slot holds max_cache_length positions, prompt included, and the last token is not cached.
   c = server.generate(p, P.SamplingParams(temperature=0.0, max_new_tokens=1000))
-  assert c.finish_reason == P.FINISH_CACHE and len(c.token_ids) == AR_CAPACITY + 1
+  assert c.finish_reason == P.FINISH_CACHE and len(c.token_ids) == MAX_PREFILL + AR_CAPACITY - len(p) + 1
   np.testing.assert_array_equal(c.token_ids[:12], ref.token_ids)
 
 
