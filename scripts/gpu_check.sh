@@ -2,7 +2,8 @@
 # GPU checks for a lent NVIDIA GPU machine (one short prepared run):
 #   1. actor train step (forward+backward+AdamW) throughput and MFU for a real Qwen3 size at sequence 8,192,
 #      side by side with MaxText's own pre-training step (benchmarks/bench_actor.py);
-#   2. sampler decode tokens/s at batch 64 plus the continuous-batching comparison (benchmarks/bench_sampler.py).
+#   2. sampler decode tokens/s at batch 64 (slot-cache and MaxText decode) plus the continuous-batching
+#      comparison (benchmarks/bench_sampler.py).
 #
 # That machine has its own python3 with JAX + CUDA but no maxtext; the wheels maxtext needs travel in .whl/
 # (made with `pip download --no-deps` for cp312 manylinux; see scripts/gpu_wheels.sh). Results go to $OUT.
@@ -32,5 +33,5 @@ timeout ${ACTOR_TIMEOUT:-300} $PY benchmarks/bench_actor.py --steps "$STEPS" --b
   model_name="$MODEL" model.attention="$ATTN" model.remat_policy=${REMAT:-full} 2>&1 | tee -a "$OUT/bench_actor.txt" \
   | grep -vE "^(W|I)[0-9]{4}" | tail -n 30
 echo "== sampler: $MODEL, decode batch $DECODE_BATCH" | tee "$OUT/bench_sampler.txt"
-timeout ${SAMPLER_TIMEOUT:-240} $PY benchmarks/bench_sampler.py --model "$MODEL" --decode-batch "$DECODE_BATCH" \
+timeout ${SAMPLER_TIMEOUT:-420} $PY benchmarks/bench_sampler.py --model "$MODEL" --decode-batch "$DECODE_BATCH" \
   2>&1 | tee -a "$OUT/bench_sampler.txt" | grep -vE "^(W|I)[0-9]{4}" | tail -n 30

@@ -3,7 +3,7 @@
 One background thread owns the decode state. Each turn of its loop it
 
 1. applies a pending weight swap when the swap policy allows it,
-2. admits queued requests into free slots (prefill -> insert),
+2. admits queued requests into free slots (prefill -> insert, without waiting for the prefill's token),
 3. dispatches ``decode_steps`` decode steps for all slots (one call), and while the device computes them,
    records the previous call's tokens on the host, finishes requests (EOS, stop ids, stop strings, max new
    tokens, full cache) and frees their slots.
@@ -207,7 +207,9 @@ class SamplerServer:
   # ------------------------------------------------------------------------------------------ loop
 
   def _loop(self):
-    pending = None  # (StepResult on device, request per slot at dispatch, weight version at dispatch)
+    # (StepResult on device, request per slot at dispatch, weight version at dispatch, admissions whose first
+    # token is still on device)
+    pending = None
     try:
       while True:
         with self._cv:
@@ -224,16 +226,15 @@ class SamplerServer:
             req.start_version = req.version = self._version
             self._slots[slot] = req
             admit.append((slot, req))
-        for slot, req in admit:
-          self._prefill_into(slot, req)
+        admitted = [self._prefill_into(slot, req) for slot, req in admit]
         if self._busy():
           self._state, result = self.engine.generate_steps(self._params, self._state, self.decode_steps)
           self.stats.decode_steps += self.decode_steps
           snapshot = list(self._slots)
           self.stats.busy_slot_steps += self.decode_steps * sum(r is not None for r in snapshot)
           if pending is not None:
-            self._record(*pending)  # host work overlaps the step just dispatched
-          pending = (result, snapshot, self._version)
+            self._record(*pending)  # host work overlaps the call just dispatched
+          pending = (result, snapshot, self._version, admitted)
         elif pending is not None:
           self._record(*pending)
           pending = None
@@ -267,29 +268,37 @@ class SamplerServer:
     self._cv.notify_all()
 
   def _prefill_into(self, slot: int, req: _Request):
+    """Prefill and insert without reading the first token back (that would wait for the decode call in
+    flight); it is recorded with the next call's tokens. A request that ends on its first token therefore
+    holds its slot for one call."""
     sp = req.params
     prefix = self.engine.prefill(self._params, req.prompt, req.key, temperature=sp.temperature,
                                  top_k=sp.top_k, top_p=sp.top_p)
     self.stats.prefills += 1
-    token, logprob = jax.device_get((prefix.token, prefix.logprob))
-    if self._append(req, int(token[0]), float(logprob[0])):
-      self._slots[slot] = None  # finished on its first token; never occupies the decode batch
-      return
     self._state = self.engine.insert(prefix, self._state, slot)
+    return slot, req, prefix.token, prefix.logprob
 
-  def _record(self, result, snapshot, version):
-    """Host side of one engine call ((steps, S) results): ``snapshot`` (request per slot) and ``version`` as at
-    dispatch. A request's tokens after the one that finished it are discarded."""
-    tokens, logprobs = jax.device_get((result.tokens, result.logprobs))
+  def _finish_slot(self, slot: int, req: _Request):
+    self._state = self.engine.free(self._state, slot)
+    if self._slots[slot] is req:
+      self._slots[slot] = None
+
+  def _record(self, result, snapshot, version, admitted=()):
+    """Host side of one engine call ((steps, S) results): ``snapshot`` (request per slot), ``version`` as at
+    dispatch, and the first tokens of the requests admitted just before it. A request's tokens after the one
+    that finished it are discarded."""
+    tokens, logprobs, first = jax.device_get((result.tokens, result.logprobs,
+                                              [(tok, lp) for _, _, tok, lp in admitted]))
+    for (slot, req, _, _), (tok, lp) in zip(admitted, first):
+      if self._append(req, int(tok[0]), float(lp[0])):
+        self._finish_slot(slot, req)
     for slot, req in enumerate(snapshot):
       if req is None or req.done:
         continue
       req.version = version
       for step in range(tokens.shape[0]):
         if self._append(req, int(tokens[step, slot]), float(logprobs[step, slot])):
-          self._state = self.engine.free(self._state, slot)
-          if self._slots[slot] is req:
-            self._slots[slot] = None
+          self._finish_slot(slot, req)
           break
 
   def _append(self, req: _Request, token: int, logprob: float) -> bool:

@@ -91,9 +91,13 @@ def test_stop_conditions(server):
   c = server.generate(p, P.SamplingParams(temperature=0.0, max_new_tokens=12, stop_strings=(s,)))
   assert c.finish_reason == P.FINISH_STOP
   np.testing.assert_array_equal(c.token_ids, ref.token_ids[:end])
-  # Max new tokens 1: done on the prefill's token.
+  # Max new tokens 1, or a stop id drawn by the prefill: done on the prefill's token, and the slot it held
+  # for one call is free again (more requests than slots all complete).
   c = server.generate(p, P.SamplingParams(temperature=0.0, max_new_tokens=1))
   assert c.finish_reason == P.FINISH_LENGTH and list(c.token_ids) == [ref.token_ids[0]]
+  first_stop = P.SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(int(ref.token_ids[0]),))
+  outs = [f.result() for f in [server.submit(p, first_stop) for _ in range(2 * NUM_SLOTS + 1)]]
+  assert all(o.finish_reason == P.FINISH_EOS and list(o.token_ids) == [ref.token_ids[0]] for o in outs)
   # Cache full: a slot holds max_cache_length positions, prompt included, and the last token is not cached.
   c = server.generate(p, P.SamplingParams(temperature=0.0, max_new_tokens=1000))
   assert c.finish_reason == P.FINISH_CACHE and len(c.token_ids) == MAX_PREFILL + AR_CAPACITY - len(p) + 1
