@@ -74,6 +74,9 @@ def maxtext_sampler_config(cfg: Config, mesh: jax.sharding.Mesh):
   return mt
 
 
+HEAD_KEY = "sampler_lm_head"  # (E, V) copy of a tied head in params from Engine.load_params (CPU only)
+
+
 @struct.dataclass
 class Prefix:
   """One prefilled request, ready to insert. Batch dimension 1 throughout."""
@@ -140,6 +143,11 @@ class Engine:
     self.prefill_buckets = tuple(buckets)
     self._modes = (MODEL_MODE_PREFILL, MODEL_MODE_AUTOREGRESSIVE)
     self.tied = bool(mt_config.logits_via_embedding)
+    # On CPU, x @ E^T with the tied (V, E) embedding reads it about 1.4x slower than x @ W with a contiguous
+    # (E, V) copy (2.6-3.0 ms vs 1.9-2.1 ms per decode step for the 151,936-entry vocabulary), so loaded
+    # params carry that copy under HEAD_KEY. GPU/TPU matmuls take the transposed operand at no cost.
+    self._head_copy = self.tied and mesh.devices.flat[0].platform == "cpu"
+    self._transpose_jit = jax.jit(lambda e: e.T.copy())
     self.logits_dtype = jnp.dtype(logits_dtype)
 
     with logical_axis_rules(mt_config.logical_axis_rules):
@@ -207,11 +215,16 @@ class Engine:
 
   def load_params(self, params):
     """Reshard parameters (the actor's pure-dict tree, or an ``nnx.State`` of it, on any mesh) onto the
-    sampling mesh: the training -> sampling weight transfer."""
+    sampling mesh: the training -> sampling weight transfer. On CPU with a tied head the result also holds
+    an (E, V) copy of the head under ``HEAD_KEY``."""
     if isinstance(params, nnx.State):
       params = nnx.to_pure_dict(params)
+    params = {k: v for k, v in params.items() if k != HEAD_KEY}
     # Always a copy: the learner may donate its buffers to the next update while the sampler keeps these.
-    return jax.device_put(params, self.param_shardings, may_alias=False)
+    params = jax.device_put(params, self.param_shardings, may_alias=False)
+    if self._head_copy:
+      params[HEAD_KEY] = self._transpose_jit(params["token_embedder"]["embedding"])
+    return params
 
   # ------------------------------------------------------------------------------------------ state
 
@@ -284,7 +297,7 @@ class Engine:
     graph, tpl = ((self._graph_prefill, self._cache_prefill_tpl) if mode_idx == 0
                   else (self._graph_ar, self._cache_ar_tpl))
     param_state = jax.tree.map(lambda x: x, self._abs_params)
-    nnx.replace_by_pure_dict(param_state, params)
+    nnx.replace_by_pure_dict(param_state, {k: v for k, v in params.items() if k != HEAD_KEY})
     cache_state = jax.tree.map(lambda x: x, tpl)
     nnx.replace_by_pure_dict(cache_state, cache)
     with logical_axis_rules(self.config.logical_axis_rules):
@@ -300,7 +313,8 @@ class Engine:
   def _logits(self, params, h):
     """Final-normed hidden (B, E) -> float32 logits (B, V) exactly as the actor computes them."""
     from rsi_jax.models.actor import lm_head_weight, project_logits  # traced once per compile
-    return project_logits(h, lm_head_weight(params, self.tied), self.logits_dtype)
+    w = params[HEAD_KEY] if HEAD_KEY in params else lm_head_weight(params, self.tied)
+    return project_logits(h, w, self.logits_dtype)
 
   def _prefill_impl(self, params, padded, true_length, key, temperature, top_k, top_p):
     bucket = padded.shape[1]
