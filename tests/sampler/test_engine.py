@@ -144,3 +144,22 @@ def test_loaded_params_survive_the_source_being_deleted(engine, actor_params):
   expected = float(engine.prefill(src, [1, 2, 3], jax.random.key(0)).logprob[0])
   jax.tree.map(lambda x: x.delete(), src)
   assert float(engine.prefill(mine, [1, 2, 3], jax.random.key(0)).logprob[0]) == expected
+
+
+def test_slot_decode_updates_the_cache_in_place(cfg):
+  """The compiled decode call aliases the donated cache and needs scratch of about one layer's K and V, where
+  MaxText's autoregressive mode needs two whole copies of the cache (the reason the slot cache exists)."""
+  from rsi_jax.config import with_overrides
+  from rsi_jax.sampler.engine import build_engine
+  big = with_overrides(cfg, {"sampler": {"max_cache_length": 1024}, "model": {"max_target_length": 1024}})
+  scratch = {}
+  for impl in ("slot", "maxtext"):
+    engine = build_engine(with_overrides(big, {"sampler": {"decode_impl": impl}}))
+    params, state = engine.init_params(0), engine.init_decode_state()
+    cache_bytes = sum(x.nbytes for x in jax.tree.leaves(state.cache))
+    mem = engine._generate_steps_jit.lower(params, state, 2).compile().memory_analysis()
+    assert mem.alias_size_in_bytes >= cache_bytes  # the output cache is the donated input buffer
+    scratch[impl] = mem.temp_size_in_bytes / cache_bytes
+  layers = cfg.model.base_num_decoder_layers
+  assert scratch["slot"] < 1.2 / layers, scratch
+  assert scratch["maxtext"] > 1.5, scratch
