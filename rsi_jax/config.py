@@ -244,11 +244,13 @@ class SamplerConfig:
   num_devices: int = 1  # devices of the sampling mesh (all on MaxText's tensor axis)
   decode_impl: str = "slot"  # slot (per-slot KV cache, in place) | maxtext (MaxText's autoregressive mode)
   decode_steps: int = 4  # decode steps per dispatch (one host round trip per this many tokens per slot)
+  attention_block: int = 512  # slot decode: cache positions per attention block (reads stop at the last used)
 
   def validate(self, p):
     _check(self.decode_impl in ("slot", "maxtext"), f"{p}.decode_impl",
            f"must be 'slot' or 'maxtext', got {self.decode_impl!r}")
     _check(self.decode_steps >= 1, f"{p}.decode_steps", f"must be >= 1, got {self.decode_steps}")
+    _check(self.attention_block >= 1, f"{p}.attention_block", f"must be >= 1, got {self.attention_block}")
     _check(self.num_slots > 0, f"{p}.num_slots", f"must be > 0, got {self.num_slots}")
     _check(self.max_prefill_length > 0, f"{p}.max_prefill_length", f"must be > 0, got {self.max_prefill_length}")
     _check(self.prompt_overflow in ("reject", "error", "truncate_left"), f"{p}.prompt_overflow",

@@ -122,10 +122,12 @@ class Engine:
       holds it (bounds recompiles to one per bucket).
     logits_dtype: the LM head's operand dtype (``model.logits_dtype``), as the actor's.
     decode_impl: "slot" or "maxtext" (module docstring).
+    attention_block: cache positions per attention block of the slot decode; a step reads only the blocks
+      up to the furthest active position (the cache is allocated in whole blocks).
   """
 
   def __init__(self, mt_config, mesh: jax.sharding.Mesh, prefill_buckets=(), logits_dtype="float32",
-               decode_impl: str = "slot"):
+               decode_impl: str = "slot", attention_block: int = 512):
     from maxtext.common.common_types import MODEL_MODE_AUTOREGRESSIVE, MODEL_MODE_PREFILL
     from maxtext.utils import model_creation_utils, sharding
 
@@ -176,8 +178,9 @@ class Engine:
     self._replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     if decode_impl == "slot":
       n_kv, head_dim = int(mt_config.num_kv_heads), int(mt_config.head_dim)
-      self._slot_shape = (int(mt_config.num_decoder_layers), self.num_slots, self.max_cache_length, n_kv,
-                          head_dim)
+      self.attention_block = min(int(attention_block), self.max_cache_length)
+      alloc = -(-self.max_cache_length // self.attention_block) * self.attention_block
+      self._slot_shape = (int(mt_config.num_decoder_layers), self.num_slots, alloc, n_kv, head_dim)
       tp = mesh.shape["tensor"]
       # KV heads split over the tensor axis as the attention weights are; replicated when they do not divide.
       spec = jax.sharding.PartitionSpec(None, None, None, "tensor" if n_kv % tp == 0 else None, None)
@@ -377,9 +380,10 @@ class Engine:
       from rsi_jax.sampler.slot_decode import decode_step
       mt = self.config
       h, k, v = decode_step(params, state.cache["k"], state.cache["v"], state.tokens, state.next_pos,
-                            eps=float(mt.normalization_layer_epsilon),
+                            state.active, eps=float(mt.normalization_layer_epsilon),
                             rope_max_timescale=float(mt.rope_max_timescale),
-                            rope_min_timescale=float(mt.rope_min_timescale), dtype=self._dtype)
+                            rope_min_timescale=float(mt.rope_min_timescale), dtype=self._dtype,
+                            block=self.attention_block)
       return h, {"k": k, "v": v}
     hidden, cache = self._hidden(1, params, state.cache, state.tokens[:, None], state.next_pos[:, None])
     return hidden[:, 0], cache
@@ -436,4 +440,5 @@ def build_engine(cfg: Config, devices=None) -> Engine:
   ``sampler.num_devices``)."""
   mesh = sampler_mesh(cfg.sampler.num_devices, devices)
   return Engine(maxtext_sampler_config(cfg, mesh), mesh, cfg.sampler.prefill_buckets,
-                logits_dtype=cfg.model.logits_dtype, decode_impl=cfg.sampler.decode_impl)
+                logits_dtype=cfg.model.logits_dtype, decode_impl=cfg.sampler.decode_impl,
+                attention_block=cfg.sampler.attention_block)

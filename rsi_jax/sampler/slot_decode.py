@@ -10,8 +10,11 @@ comes from MaxText's own prefill (:meth:`Engine.prefill`).
 Why not MaxText's autoregressive mode: it keeps a shared ring buffer beside a per-slot prefill cache and, in
 the compiled step, transposes and copies every layer's whole cache each step. Here the cache is one array
 per K and V, ``(layers, slots, max_cache_length, kv_heads, head_dim)``; a step writes one entry per slot in
-place (the layer loop carries the cache, the jitted call donates it) and attention reads each slot's entries
-``0..pos`` under a mask. A slot holds ``max_cache_length`` positions, prompt included.
+place (the layer loop carries the cache, the jitted call donates it). Attention walks the cache in blocks of
+``block`` positions with an online softmax and stops after the block holding the furthest position of any
+active slot, so a step reads what the batch has written, not the whole capacity (a 32k-position cache with
+short sequences costs no more than a short cache). A slot holds ``max_cache_length`` positions, prompt
+included.
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ def _dot(x, w, spec, dtype):
   return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32).astype(dtype)
 
 
-def decode_step(params, k_cache, v_cache, tokens, positions, *, eps: float, rope_max_timescale: float,
-                rope_min_timescale: float = 1.0, dtype=jnp.float32):
+def decode_step(params, k_cache, v_cache, tokens, positions, active=None, *, eps: float,
+                rope_max_timescale: float, rope_min_timescale: float = 1.0, dtype=jnp.float32,
+                block: int | None = None):
   """One token per slot through every layer.
 
   Args:
@@ -52,15 +56,22 @@ def decode_step(params, k_cache, v_cache, tokens, positions, *, eps: float, rope
     k_cache, v_cache: (L, S, T, K, D) post-RoPE keys and values of every slot's earlier positions.
     tokens: (S,) int32 input token of each slot; positions: (S,) int32 its position (< T to be cached;
       a position >= T is not written and the slot's output is garbage).
+    active: (S,) bool, default all; inactive slots do not extend how far attention reads (their output is
+      garbage).
+    block: cache positions per attention block (T must be a multiple; default T, one block).
   Returns:
     final-normed hidden (S, E) in ``dtype`` and the updated caches (entry ``positions[s]`` of slot s set).
   """
   layers = params["decoder"]["layers"]
   n_layers = layers["pre_self_attention_layer_norm"]["scale"].shape[1]
   s, t, n_kv, d = k_cache.shape[1:]
+  block = block or t
+  if t % block:
+    raise ValueError(f"cache length {t} is not a multiple of the attention block {block}")
   x = params["token_embedder"]["embedding"][tokens].astype(dtype)  # (S, E)
-  visible = jnp.arange(t)[None, :] <= positions[:, None]  # (S, T): this slot's entries 0..pos
   rows = jnp.arange(s)
+  reach = jnp.max(jnp.where(True if active is None else active, positions, 0))
+  n_blocks = jnp.minimum(reach // block + 1, t // block)  # blocks holding any active slot's entries
 
   def layer(carry, i):
     x, k_cache, v_cache = carry
@@ -77,13 +88,8 @@ def decode_step(params, k_cache, v_cache, tokens, positions, *, eps: float, rope
     q = q * jnp.asarray(d ** -0.5, dtype)
     k_cache = k_cache.at[i, rows, positions].set(k.astype(k_cache.dtype), mode="drop")
     v_cache = v_cache.at[i, rows, positions].set(v.astype(v_cache.dtype), mode="drop")
-    keys = k_cache[i]  # (S, T, K, D)
-    values = v_cache[i]
     qg = q.reshape(s, n_kv, -1, d)  # (S, K, G, D): query head h uses kv head h // G
-    logits = jnp.einsum("skgd,stkd->skgt", qg, keys.astype(dtype), preferred_element_type=jnp.float32)
-    logits = jnp.where(visible[:, None, None, :], logits, -jnp.inf)
-    probs = jax.nn.softmax(logits, axis=-1).astype(dtype)
-    o = jnp.einsum("skgt,stkd->skgd", probs, values.astype(dtype), preferred_element_type=jnp.float32)
+    o = _attend(qg, k_cache, v_cache, i, positions, n_blocks, block, dtype)
     o = o.astype(dtype).reshape(s, -1, d)  # (S, H, D)
     x = x + _dot(o, att["out"]["kernel"], "shd,hde->se", dtype)
     h = rms_norm(x, w["post_self_attention_layer_norm"]["scale"], eps, dtype)
@@ -96,3 +102,33 @@ def decode_step(params, k_cache, v_cache, tokens, positions, *, eps: float, rope
   (x, k_cache, v_cache), _ = jax.lax.scan(layer, (x, k_cache, v_cache), jnp.arange(n_layers))
   h = rms_norm(x, params["decoder"]["decoder_norm"]["scale"], eps, dtype)
   return h, k_cache, v_cache
+
+
+def _attend(qg, k_cache, v_cache, layer, positions, n_blocks, block: int, dtype):
+  """softmax(q . k) v over cache entries 0..positions[s] of each slot s of ``layer``, ``block`` entries at a
+  time for the first ``n_blocks`` blocks (online softmax, float32 statistics). Returns (S, K, G, D) float32."""
+  s, n_kv, g, d = qg.shape
+  _, _, _, _, dv = v_cache.shape
+
+  def scores(j):
+    start = (layer, 0, j * block, 0, 0)
+    kb = jax.lax.dynamic_slice(k_cache, start, (1, s, block, n_kv, d))[0]
+    vb = jax.lax.dynamic_slice(v_cache, start, (1, s, block, n_kv, dv))[0]
+    logits = jnp.einsum("skgd,stkd->skgt", qg, kb.astype(dtype), preferred_element_type=jnp.float32)
+    visible = (j * block + jnp.arange(block))[None, :] <= positions[:, None]  # (S, block)
+    return jnp.where(visible[:, None, None, :], logits, -jnp.inf), vb
+
+  def step(j, carry):
+    m, l, acc = carry
+    logits, vb = scores(j)
+    m_new = jnp.maximum(m, jnp.max(logits, axis=-1))  # finite: block 0 always holds position 0
+    p = jnp.exp(logits - m_new[..., None])
+    corr = jnp.exp(m - m_new)
+    l = l * corr + jnp.sum(p, axis=-1)
+    pv = jnp.einsum("skgt,stkd->skgd", p.astype(dtype), vb.astype(dtype), preferred_element_type=jnp.float32)
+    return m_new, l, acc * corr[..., None] + pv
+
+  init = (jnp.full((s, n_kv, g), -jnp.inf, jnp.float32), jnp.zeros((s, n_kv, g), jnp.float32),
+          jnp.zeros((s, n_kv, g, dv), jnp.float32))
+  _, l, acc = jax.lax.fori_loop(0, n_blocks, step, init)
+  return acc / l[..., None]

@@ -24,17 +24,28 @@ def reference_logprobs(actor, params, prompts, completions):
   return [lp[i, len(p):len(p) + len(c)] for i, (p, c) in enumerate(zip(prompts, completions))]
 
 
-@pytest.mark.parametrize("impl", ["slot", "maxtext"])
-def test_mixed_lengths_staggered_match_actor_logprobs(impl, engine, engine_maxtext, actor, actor_params):
+@pytest.fixture(scope="module")
+def engine_block16(cfg):
+  """Slot decode reading the cache in blocks of 16 positions (56 -> 4 blocks, the last one partly unused)."""
+  from rsi_jax.config import with_overrides
+  from rsi_jax.sampler.engine import build_engine
+  return build_engine(with_overrides(cfg, {"sampler": {"attention_block": 16}}))
+
+
+@pytest.mark.parametrize("impl", ["slot", "slot_block16", "maxtext"])
+def test_mixed_lengths_staggered_match_actor_logprobs(impl, request, actor, actor_params):
   """Four prompts of different lengths (all three buckets), inserted at different decode steps, each decoded
   until its slot's cache is full; every sampled token's logprob equals the actor's full forward."""
-  engine = engine if impl == "slot" else engine_maxtext
+  engine = request.getfixturevalue({"slot": "engine", "slot_block16": "engine_block16",
+                                    "maxtext": "engine_maxtext"}[impl])
+  if impl == "slot_block16":
+    assert engine.attention_block == 16 and engine._slot_shape[2] == 64
   params = engine.load_params(actor_params)  # training mesh (8 devices, fsdp) -> sampling mesh
   rng = np.random.default_rng(0)
   lengths = (3, 8, 13, 29)
   prompts = [rng.integers(0, VOCAB, n).tolist() for n in lengths]
   limits = [engine.token_limit(n) for n in lengths]
-  if impl == "slot":  # a slot holds max_cache_length positions, prompt included
+  if impl != "maxtext":  # a slot holds max_cache_length positions, prompt included
     assert limits == [MAX_PREFILL + AR_CAPACITY - n + 1 for n in lengths]
   else:  # MaxText's ring: AR_CAPACITY generated entries whatever the prompt
     assert limits == [AR_CAPACITY + 1] * 4
