@@ -140,6 +140,10 @@ class Engine:
     if decode_impl not in ("slot", "maxtext"):
       raise ValueError(f"decode_impl must be 'slot' or 'maxtext', got {decode_impl!r}")
     self.decode_impl = decode_impl
+    block_type = getattr(mt_config.decoder_block, "value", mt_config.decoder_block)
+    if decode_impl == "slot" and block_type != "qwen3":
+      raise ValueError(f"decode_impl 'slot' implements the dense Qwen3 layer only; decoder_block is "
+                       f"{block_type!r} (use sampler.decode_impl=maxtext)")
     buckets = sorted({int(b) for b in prefill_buckets if b <= self.max_prefill_length}
                      | {self.max_prefill_length})
     self.prefill_buckets = tuple(buckets)
