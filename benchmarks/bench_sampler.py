@@ -49,7 +49,7 @@ import numpy as np
 
 from rsi_jax import policy as P
 from rsi_jax.config import load_config, with_overrides
-from rsi_jax.sampler.engine import HEAD_KEY, build_engine
+from rsi_jax.sampler.engine import build_engine, model_params
 from rsi_jax.sampler.sampling import sample_tokens, token_key
 from rsi_jax.sampler.server import SamplerServer
 
@@ -132,7 +132,7 @@ def naive_step_fn(actor, engine):
   def step(params, tokens, lens, keys, temp, top_k, top_p):
     pos = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
     seg = (pos < lens[:, None]).astype(jnp.int32)
-    h = actor.final_hidden({k: v for k, v in params.items() if k != HEAD_KEY}, tokens, pos, seg)
+    h = actor.final_hidden(model_params(params), tokens, pos, seg)
     last = jnp.take_along_axis(h, (lens - 1)[:, None, None], axis=1)[:, 0]
     return sample_tokens(engine._logits(params, last), keys, temp, top_k, top_p)
 

@@ -77,6 +77,12 @@ def maxtext_sampler_config(cfg: Config, mesh: jax.sharding.Mesh):
 HEAD_KEY = "sampler_lm_head"  # (E, V) copy of a tied head in params from Engine.load_params (CPU only)
 
 
+def model_params(params) -> dict:
+  """The MaxText params tree alone: ``params`` without the sampler's ``HEAD_KEY`` copy (for MaxText and the
+  actor, which take exactly the model's tree)."""
+  return {k: v for k, v in params.items() if k != HEAD_KEY}
+
+
 @struct.dataclass
 class Prefix:
   """One prefilled request, ready to insert. Batch dimension 1 throughout."""
@@ -153,7 +159,7 @@ class Engine:
     # (E, V) copy (2.6-3.0 ms vs 1.9-2.1 ms per decode step for the 151,936-entry vocabulary), so loaded
     # params carry that copy under HEAD_KEY. GPU/TPU matmuls take the transposed operand at no cost.
     self._head_copy = self.tied and mesh.devices.flat[0].platform == "cpu"
-    self._transpose_jit = jax.jit(lambda e: e.T.copy())
+    self._transpose_jit = jax.jit(lambda e: e.T.copy()) if self._head_copy else None
     self.logits_dtype = jnp.dtype(logits_dtype)
 
     with logical_axis_rules(mt_config.logical_axis_rules):
@@ -226,7 +232,7 @@ class Engine:
     an (E, V) copy of the head under ``HEAD_KEY``."""
     if isinstance(params, nnx.State):
       params = nnx.to_pure_dict(params)
-    params = {k: v for k, v in params.items() if k != HEAD_KEY}
+    params = model_params(params)
     # Always a copy: the learner may donate its buffers to the next update while the sampler keeps these.
     params = jax.device_put(params, self.param_shardings, may_alias=False)
     if self._head_copy:
@@ -304,7 +310,7 @@ class Engine:
     graph, tpl = ((self._graph_prefill, self._cache_prefill_tpl) if mode_idx == 0
                   else (self._graph_ar, self._cache_ar_tpl))
     param_state = jax.tree.map(lambda x: x, self._abs_params)
-    nnx.replace_by_pure_dict(param_state, {k: v for k, v in params.items() if k != HEAD_KEY})
+    nnx.replace_by_pure_dict(param_state, model_params(params))
     cache_state = jax.tree.map(lambda x: x, tpl)
     nnx.replace_by_pure_dict(cache_state, cache)
     with logical_axis_rules(self.config.logical_axis_rules):
@@ -393,10 +399,7 @@ class Engine:
     return hidden[:, 0], cache
 
   def _generate_steps_impl(self, params, state: DecodeState, num_steps: int):
-    def body(st, _):
-      st, res = self._generate_impl(params, st)
-      return st, res
-    return jax.lax.scan(body, state, None, length=num_steps)
+    return jax.lax.scan(lambda st, _: self._generate_impl(params, st), state, None, length=num_steps)
 
   def _generate_impl(self, params, state: DecodeState):
     hidden, cache = self._decode_hidden(params, state)

@@ -50,15 +50,19 @@ def actor_params_b(actor):
   return _flatten(actor.init(jax.random.key(1)), 1)
 
 
+def engine_with(cfg, **sampler):
+  """The engine for ``cfg`` with ``sampler`` section overrides."""
+  from rsi_jax.config import with_overrides
+  from rsi_jax.sampler.engine import build_engine
+  return build_engine(with_overrides(cfg, {"sampler": sampler}))
+
+
 @pytest.fixture(scope="session")
 def engine(cfg):
-  from rsi_jax.sampler.engine import build_engine
-  return build_engine(cfg)
+  return engine_with(cfg)
 
 
 @pytest.fixture(scope="session")
 def engine_maxtext(cfg):
   """The reference decode path: MaxText's own autoregressive mode."""
-  from rsi_jax.config import with_overrides
-  from rsi_jax.sampler.engine import build_engine
-  return build_engine(with_overrides(cfg, {"sampler": {"decode_impl": "maxtext"}}))
+  return engine_with(cfg, decode_impl="maxtext")

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.sampler.conftest import AR_CAPACITY, MAX_PREFILL, VOCAB
+from tests.sampler.conftest import AR_CAPACITY, MAX_PREFILL, VOCAB, engine_with
 
 TOL = 2e-5  # float32: |sampler logprob - Actor.token_logprobs| on the same sequence
 
@@ -27,9 +27,7 @@ def reference_logprobs(actor, params, prompts, completions):
 @pytest.fixture(scope="module")
 def engine_block16(cfg):
   """Slot decode reading the cache in blocks of 16 positions (56 -> 4 blocks, the last one partly unused)."""
-  from rsi_jax.config import with_overrides
-  from rsi_jax.sampler.engine import build_engine
-  return build_engine(with_overrides(cfg, {"sampler": {"attention_block": 16}}))
+  return engine_with(cfg, attention_block=16)
 
 
 @pytest.mark.parametrize("impl", ["slot", "slot_block16", "maxtext"])
@@ -131,9 +129,7 @@ def test_free_stops_a_slot_and_insert_reuses_it(engine, actor, actor_params):
 @pytest.mark.slow
 def test_tensor_parallel_sampling_mesh(cfg, actor, actor_params):
   """sampler.num_devices=2: the engine runs tensor-parallel (KV heads split) with the same logprobs."""
-  from rsi_jax.config import with_overrides
-  from rsi_jax.sampler.engine import build_engine
-  engine = build_engine(with_overrides(cfg, {"sampler": {"num_devices": 2}}))
+  engine = engine_with(cfg, num_devices=2)
   assert engine.mesh.shape["tensor"] == 2
   params = engine.load_params(actor_params)
   prompt = list(range(5, 22))
@@ -161,11 +157,10 @@ def test_slot_decode_updates_the_cache_in_place(cfg):
   """The compiled decode call aliases the donated cache and needs scratch of about one layer's K and V, where
   MaxText's autoregressive mode needs two whole copies of the cache (the reason the slot cache exists)."""
   from rsi_jax.config import with_overrides
-  from rsi_jax.sampler.engine import build_engine
   big = with_overrides(cfg, {"sampler": {"max_cache_length": 1024}, "model": {"max_target_length": 1024}})
   scratch = {}
   for impl in ("slot", "maxtext"):
-    engine = build_engine(with_overrides(big, {"sampler": {"decode_impl": impl}}))
+    engine = engine_with(big, decode_impl=impl)
     params, state = engine.init_params(0), engine.init_decode_state()
     cache_bytes = sum(x.nbytes for x in jax.tree.leaves(state.cache))
     mem = engine._generate_steps_jit.lower(params, state, 2).compile().memory_analysis()
