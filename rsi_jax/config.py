@@ -4,7 +4,8 @@ Layout (MaxText style): ``configs/base.yml`` holds every default; a run file nam
 ``base_config:`` and its model with ``model_name:`` (loaded from ``configs/models/<name>.yml`` into the
 ``model`` section); command-line ``key=value`` overrides come last, with dotted keys for sections
 (``actor_optim.learning_rate=1e-7``, ``mesh.ici_fsdp_parallelism=4``). Phase files
-(``configs/phases/<phase>.yml``) are overlays applied by the pipeline with :func:`with_overrides`.
+(``configs/phases/<phase>.yml``) are overlays the pipeline applies under the command line
+(:func:`rsi_jax.pipeline.driver.phase_config`).
 
 Every section is a frozen dataclass; the schema *is* the dataclasses below. Unknown keys, wrong types and
 impossible values raise :class:`ConfigError` naming the dotted key. The resulting :class:`Config` is passed
@@ -42,11 +43,16 @@ class RunConfig:
   name: str = "rsi"
   output_dir: str = "runs"
   seed: int = 0
-  log_level: str = "info"
+  log_level: str = "info"  # level of the run's log file (<run folder>/train.log); the console shows step lines
   progress: bool = True  # tqdm progress bars for long work
+  # auto: rerunning the same command resumes the run folder's latest complete checkpoint (MaxText's rule);
+  # never: a run folder that already holds a run is an error
+  resume: str = "auto"
 
   def validate(self, p):
     _check(self.name != "", f"{p}.name", "must not be empty")
+    _check("/" not in self.name, f"{p}.name", f"must not contain '/', got {self.name!r}")
+    _check(self.resume in ("auto", "never"), f"{p}.resume", f"must be 'auto' or 'never', got {self.resume!r}")
     _check(self.log_level in ("debug", "info", "warning", "error"), f"{p}.log_level",
            f"must be one of debug/info/warning/error, got {self.log_level!r}")
 
@@ -154,8 +160,8 @@ class RLConfig:
   # minibatches but does not state their number; 4 x 1 is this project's default.
   minibatches: int = 4
   ppo_epochs: int = 1
-  per_device_token_budget: int = 8192  # reserved: token-budget packing is not implemented yet
-  dynamic_balancing: bool = False  # reserved: dynamic length balancing (RPR-2) is not implemented yet
+  per_device_token_budget: int = 8192  # RESERVED (not yet in effect): token-budget packing
+  dynamic_balancing: bool = False  # RESERVED (not yet in effect): dynamic length balancing (RPR-2)
 
   def validate(self, p):
     for k in ("minibatches", "ppo_epochs"):
@@ -177,8 +183,12 @@ class RolloutConfig:
   top_p: float = 1.0
   top_k: int = 0  # 0 = off
   max_new_tokens: int = 8192  # per turn
-  max_input_tokens: int = 96000
-  responses_per_task: int = 1
+  max_input_tokens: int = 96000  # RESERVED (not yet in effect): chunked prefill; sampler.max_prefill_length rules
+  responses_per_task: int = 1  # episodes per drawn task in a rollout step (consecutive request indices)
+  # true: the used episodes are the first global_batch by request index (not by finishing time) and every
+  # sampler request is seeded from (run.seed, phase, step, request index, turn), so a run killed and resumed
+  # ends with the same weights as an uninterrupted one; false: the first global_batch to finish are used
+  deterministic: bool = False
 
   def validate(self, p):
     _check(self.global_batch > 0, f"{p}.global_batch", f"must be > 0, got {self.global_batch}")
@@ -189,6 +199,7 @@ class RolloutConfig:
     _check(self.top_k >= 0, f"{p}.top_k", f"must be >= 0, got {self.top_k}")
     _check(self.max_new_tokens > 0, f"{p}.max_new_tokens", "must be > 0")
     _check(self.max_input_tokens > 0, f"{p}.max_input_tokens", "must be > 0")
+    _check(self.responses_per_task > 0, f"{p}.responses_per_task", f"must be > 0, got {self.responses_per_task}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,9 +246,10 @@ class RewardConfig:
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
   num_slots: int = 8  # concurrent decode slots (continuous batching)
-  max_prefill_length: int = 256
-  prefill_buckets: tuple = (32, 64, 128, 256)
-  max_cache_length: int = 512  # positions per slot, prompt included (decode_impl maxtext: max_prefill_length
+  # longest prompt served whole: the shipped tasks' first prompts are 266-444 tokens and grow every turn
+  max_prefill_length: int = 8192
+  prefill_buckets: tuple = (512, 1024, 2048, 4096, 8192)
+  max_cache_length: int = 16384  # positions per slot, prompt included (decode_impl maxtext: max_prefill_length
   # prompt entries + the rest for generated tokens)
   swap_policy: str = "finish_on_old"  # finish_on_old | mark
   prompt_overflow: str = "reject"  # prompt > max_prefill_length: reject (finish "prompt_too_long") | error | truncate_left
@@ -270,6 +282,7 @@ class SamplerConfig:
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
   tasks_dir: str = "tasks"
+  max_tasks: int = 0  # the task pool: 0 = every task in tasks_dir, else this many, round-robin over families
   base_image: str = "rsi-base"
   # upstream base image (glob, first match wins) -> local image, for images not available locally; merged over
   # rsi_jax.env.tasks.DEFAULT_IMAGE_MAP (ubuntu:*, debian:*, python:3*, ghcr.io/laude-institute/... -> rsi-base)
@@ -289,6 +302,7 @@ class EnvConfig:
 
   def validate(self, p):
     _check(self.concurrency > 0, f"{p}.concurrency", f"must be > 0, got {self.concurrency}")
+    _check(self.max_tasks >= 0, f"{p}.max_tasks", f"must be >= 0 (0 = all), got {self.max_tasks}")
     _check(self.network in ("none", "host", "bridge"), f"{p}.network",
            f"must be none/host/bridge, got {self.network!r}")
     _check(self.build_network in ("none", "host", "default"), f"{p}.build_network",
@@ -306,37 +320,87 @@ class EnvConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RSRConfig:
-  num_runbooks: int = 4  # K
-  num_repeats: int = 4  # M
-  harnesses: tuple = ("json", "xml")
-  target_harness: str = "json"
+  num_runbooks: int = 4  # K  -- RESERVED (not yet in effect): runbook planning
+  num_repeats: int = 4  # M  -- RESERVED (not yet in effect): fresh execution
+  harnesses: tuple = ("json", "xml")  # RESERVED (not yet in effect): multi-harness discovery
+  target_harness: str = "json"  # H0: the harness the stored SFT trajectories are run under
 
   def validate(self, p):
     _check(self.num_runbooks > 0, f"{p}.num_runbooks", "must be > 0")
     _check(self.num_repeats > 0, f"{p}.num_repeats", "must be > 0")
+    _check(self.target_harness in ("json", "xml"), f"{p}.target_harness",
+           f"must be json/xml, got {self.target_harness!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
+  """The phase plan. A phase's kind comes from its name: ``rsrN`` (Recursive Self-Rewrite, actor-only SFT),
+  ``critic_seed`` (critic-only updates, actor frozen), ``rprN`` (Recursive Policy-Refine, PPO)."""
   phases: tuple = ("rsr1", "critic_seed", "rpr1", "rsr2", "rpr2")
   rollout_steps: int = 36  # per RPR phase
   critic_only_steps: int = 4  # at the start of each RPR phase (actor frozen)
-  critic_seed_epochs: int = 1
-  checkpoint_every: int = 5
-  eval_every: int = 10
-  checkpoint_dir: str = ""  # "" = <run.output_dir>/<run.name>/checkpoints
-  sft_epochs: int = 1
-  micro_batch: int = 0  # 0 = no gradient accumulation
+  critic_seed_epochs: int = 1  # critic seed: passes over the task pool (rollout steps = epochs x pool / batch)
+  checkpoint_every: int = 5  # phase steps between checkpoints (a phase's last step is always saved)
+  keep_checkpoints: int = 3  # per phase, the newest kept (the phase's final one is always the newest)
+  eval_every: int = 10  # RESERVED (not yet in effect): in-training evaluation
+  checkpoint_dir: str = ""  # "" = <run.output_dir>/<run.name>/checkpoints; may be an object-store URL
+  sft_epochs: int = 1  # RSR: passes over the verified trajectories, rollout.global_batch per update
+  micro_batch: int = 0  # RESERVED (not yet in effect): gradient accumulation
+  # Where a phase's weights come from, by phase name: "previous" (the default: the previous phase's output;
+  # the first phase's actor starts from model.hf_path or a fresh init), "init" (actor: model.hf_path or a
+  # fresh init; critic: the phase's starting actor backbone + a fresh value head, the critic seed's default)
+  # or a checkpoint folder (an Orbax step folder, or a phase folder whose newest step is taken).
+  actor_from: dict = dataclasses.field(default_factory=dict)
+  critic_from: dict = dataclasses.field(default_factory=dict)
+  # Per-phase config overrides from a run file or the command line ({phase: {section: {key: value}}}), over
+  # configs/phases/<phase>.yml; plain command-line key=value overrides win over both.
+  phase_overrides: dict = dataclasses.field(default_factory=dict)
 
   def validate(self, p):
-    known = {"rsr1", "critic_seed", "rpr1", "rsr2", "rpr2"}
+    _check(len(self.phases) > 0, f"{p}.phases", "must name at least one phase")
     for ph in self.phases:
-      _check(ph in known, f"{p}.phases", f"unknown phase {ph!r} (known: {sorted(known)})")
+      _check(phase_kind(ph) is not None, f"{p}.phases",
+             f"unknown phase {ph!r} (known: rsr<N>, critic_seed, rpr<N>)")
+    _check(len(set(self.phases)) == len(self.phases), f"{p}.phases", f"a phase is listed twice: {list(self.phases)}")
+    for k in ("actor_from", "critic_from", "phase_overrides"):
+      for ph, v in getattr(self, k).items():
+        _check(ph in self.phases, f"{p}.{k}.{ph}", f"not a phase of the plan {list(self.phases)}")
+        if k != "phase_overrides":
+          _check(isinstance(v, str) and v != "", f"{p}.{k}.{ph}",
+                 f"must be 'previous', 'init' or a checkpoint path, got {v!r}")
+        else:
+          _check(isinstance(v, Mapping), f"{p}.{k}.{ph}", f"must be a mapping of config sections, got {v!r}")
     _check(self.rollout_steps > 0, f"{p}.rollout_steps", "must be > 0")
     _check(0 <= self.critic_only_steps <= self.rollout_steps, f"{p}.critic_only_steps",
            f"must be in [0, rollout_steps={self.rollout_steps}], got {self.critic_only_steps}")
-    _check(self.checkpoint_every > 0, f"{p}.checkpoint_every", "must be > 0")
-    _check(self.eval_every > 0, f"{p}.eval_every", "must be > 0")
+    for k in ("critic_seed_epochs", "checkpoint_every", "keep_checkpoints", "eval_every", "sft_epochs"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    _check(self.micro_batch >= 0, f"{p}.micro_batch", f"must be >= 0, got {self.micro_batch}")
+
+
+PHASE_KINDS = {"rsr": r"rsr\d+", "critic_seed": r"critic_seed", "rpr": r"rpr\d+"}
+
+
+def phase_kind(name: str) -> str | None:
+  """``rsr`` | ``critic_seed`` | ``rpr`` for a phase name (``rsr1``, ``critic_seed``, ``rpr2``), else None."""
+  for kind, pat in PHASE_KINDS.items():
+    if re.fullmatch(pat, str(name)):
+      return kind
+  return None
+
+
+# Keys kept in the schema for work that will bring them to life; until then only their default is accepted,
+# so a setting never silently does nothing.
+RESERVED_KEYS = {
+    "rl.per_device_token_budget": "token-budget packing is not implemented yet",
+    "rl.dynamic_balancing": "dynamic length balancing is not implemented yet",
+    "rollout.max_input_tokens": "chunked prefill is not implemented yet (sampler.max_prefill_length is the limit)",
+    "pipeline.micro_batch": "gradient accumulation is not implemented yet",
+    "pipeline.eval_every": "in-training evaluation is not implemented yet",
+    "rsr.num_runbooks": "runbook planning is not implemented yet",
+    "rsr.num_repeats": "fresh runbook execution is not implemented yet",
+    "rsr.harnesses": "multi-harness discovery is not implemented yet",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,6 +422,11 @@ class Config:
   def validate(self, p=""):
     for f in dataclasses.fields(self):
       getattr(self, f.name).validate(f.name)
+    for key, why in RESERVED_KEYS.items():
+      sec, name = key.split(".")
+      want = getattr(_SECTION_DEFAULTS[sec], name)
+      _check(getattr(getattr(self, sec), name) == want, key,
+             f"not yet in effect ({why}); only the default {want!r} is accepted")
     shards = self.mesh.batch_shards()
     if shards is not None:
       _check(self.rollout.global_batch % shards == 0, "rollout.global_batch",
@@ -366,6 +435,9 @@ class Config:
 
   def to_dict(self) -> dict:
     return _to_plain(self)
+
+
+_SECTION_DEFAULTS = {f.name: f.default_factory() for f in dataclasses.fields(Config)}
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -598,6 +670,8 @@ def _coerce(value, typ, key):
 
 
 def _freeze(v):
+  if isinstance(v, _RawValue):  # a dict entry given on the command line (pipeline.actor_from.rpr1=init)
+    return v.raw if isinstance(v.value, str) else _freeze(v.value)
   if isinstance(v, list):
     return tuple(_freeze(x) for x in v)
   if isinstance(v, dict):

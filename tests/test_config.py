@@ -7,6 +7,7 @@ import yaml
 
 from rsi_jax.config import (CONFIG_DIR, Config, ConfigError, build_config, dump_config, load_config,
                             load_phase_overlay, with_overrides)
+from rsi_jax.pipeline.driver import phase_config
 
 SMOKE = CONFIG_DIR / "smoke.yml"
 
@@ -79,11 +80,41 @@ def test_phase_overlays():
   cfg = load_config(SMOKE)
   rpr2 = with_overrides(cfg, load_phase_overlay("rpr2"))
   assert rpr2.reward.kind == "spr" and rpr2.actor_optim.learning_rate == 1e-7
-  assert rpr2.pipeline.checkpoint_every == 2 and rpr2.rl.dynamic_balancing
+  assert rpr2.pipeline.checkpoint_every == 2
   rpr1 = with_overrides(cfg, load_phase_overlay("rpr1"))
   assert rpr1.reward.kind == "fdr" and rpr1.actor_optim.learning_rate == 5e-7
   assert cfg.reward.kind == "fdr"  # the original is untouched
   assert load_phase_overlay("no-such-phase") == {}
+
+
+def test_command_line_wins_over_phase_files():
+  """A key=value given on the command line wins over configs/phases/<phase>.yml and phase_overrides; the
+  run file's values are overridden by the phase files (they set per-phase hyperparameters of the paper)."""
+  cli = ["actor_optim.learning_rate=3e-3", "reward.kind=fdr", "pipeline.checkpoint_every=7"]
+  cfg = load_config(SMOKE, cli)
+  for phase in ("rpr1", "rpr2"):
+    pc = phase_config(cfg, phase, cli)
+    assert pc.actor_optim.learning_rate == 3e-3 and pc.reward.kind == "fdr" and pc.pipeline.checkpoint_every == 7
+  plain = load_config(SMOKE)
+  assert phase_config(plain, "rpr2").reward.kind == "spr"  # without the command line, the overlay applies
+  assert phase_config(plain, "rpr1").actor_optim.learning_rate == 5e-7
+  # phase_overrides (run file or command line) sit between the overlay file and plain command-line keys
+  ov = ["pipeline.phase_overrides={rpr2: {actor_optim: {learning_rate: 2.0e-6}, rl: {minibatches: 1}}}"]
+  cfg = load_config(SMOKE, ov)
+  assert phase_config(cfg, "rpr2", ov).actor_optim.learning_rate == 2e-6
+  assert phase_config(cfg, "rpr2", ov).rl.minibatches == 1 and phase_config(cfg, "rpr1", ov).rl.minibatches == 2
+  cli = ov + ["actor_optim.learning_rate=9e-9"]
+  assert phase_config(load_config(SMOKE, cli), "rpr2", cli).actor_optim.learning_rate == 9e-9
+  bad = ["pipeline.phase_overrides={rpr1: {rl: {clip_lo: 1}}}"]
+  with pytest.raises(ConfigError, match=r"phase rpr1: rl\.clip_lo: unknown config key"):
+    phase_config(load_config(SMOKE, bad), "rpr1", bad)
+
+
+def test_weight_sources_from_the_command_line():
+  cfg = load_config(SMOKE, ["pipeline.actor_from.rpr1=gs://bucket/run/checkpoints/rsr1/40",
+                            "pipeline.critic_from.rpr2=init"])
+  assert dict(cfg.pipeline.actor_from) == {"rpr1": "gs://bucket/run/checkpoints/rsr1/40"}
+  assert dict(cfg.pipeline.critic_from) == {"rpr2": "init"}
 
 
 def test_dump_roundtrip():
@@ -108,7 +139,21 @@ def test_dump_roundtrip():
     (["model.dtype=int8"], "model.dtype", "float32/bfloat16"),
     (["mesh.ici_data_parallelism=-1", "mesh.ici_fsdp_parallelism=-1"], "mesh", "at most one mesh axis may be -1"),
     (["mesh.ici_tensor_parallelism=0"], "mesh.ici_tensor_parallelism", "must be >= 1 or -1"),
-    (["pipeline.phases=[rsr1, rpr9]"], "pipeline.phases", "unknown phase 'rpr9'"),
+    (["pipeline.phases=[rsr1, ppo]"], "pipeline.phases", "unknown phase 'ppo'"),
+    (["pipeline.phases=[]"], "pipeline.phases", "at least one phase"),
+    (["pipeline.phases=[rsr1, rsr1]"], "pipeline.phases", "listed twice"),
+    (["pipeline.sft_epochs=-1"], "pipeline.sft_epochs", "must be > 0"),
+    (["pipeline.keep_checkpoints=0"], "pipeline.keep_checkpoints", "must be > 0"),
+    (["pipeline.critic_seed_epochs=-2"], "pipeline.critic_seed_epochs", "must be > 0"),
+    (["env.max_tasks=-1"], "env.max_tasks", "must be >= 0"),
+    (["rollout.responses_per_task=0"], "rollout.responses_per_task", "must be > 0"),
+    (["run.resume=sometimes"], "run.resume", "'auto' or 'never'"),
+    (["pipeline.actor_from.rpr7=init"], "pipeline.actor_from.rpr7", "not a phase of the plan"),
+    (["pipeline.phase_overrides.rpr1=3"], "pipeline.phase_overrides.rpr1", "must be a mapping"),
+    (["rl.dynamic_balancing=true"], "rl.dynamic_balancing", "not yet in effect"),
+    (["pipeline.micro_batch=4"], "pipeline.micro_batch", "not yet in effect"),
+    (["rollout.max_input_tokens=2048"], "rollout.max_input_tokens", "not yet in effect"),
+    (["rsr.num_runbooks=2"], "rsr.num_runbooks", "not yet in effect"),
     (["pipeline.critic_only_steps=40"], "pipeline.critic_only_steps", "must be in [0, rollout_steps"),
     (["reward.kind=xyz"], "reward.kind", "'fdr' or 'spr'"),
     (["sampler.prefill_buckets=[64, 32]"], "sampler.prefill_buckets", "increasing"),

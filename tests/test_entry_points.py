@@ -1,14 +1,15 @@
-"""The training entry point validates its config before building anything."""
+"""The training entry point validates its config and the machine before building anything."""
 
+import os
 import subprocess
 import sys
 
 from rsi_jax.config import REPO_ROOT
 
 
-def _run(*args):
+def _run(*args, **env):
   return subprocess.run([sys.executable, "-m", "rsi_jax.train", *args], cwd=REPO_ROOT, capture_output=True,
-                        text=True, timeout=120)
+                        text=True, timeout=120, env=dict(os.environ, **env))
 
 
 def test_train_rejects_unknown_key_and_bad_value():
@@ -18,3 +19,14 @@ def test_train_rejects_unknown_key_and_bad_value():
   assert p.returncode == 2 and "critic_optim.learning_rate: must be >= 0" in p.stderr
   p = _run("--config=configs/nope.yml")
   assert p.returncode == 2 and "does not exist" in p.stderr
+
+
+def test_plain_train_on_one_device_says_why_in_one_line(tmp_path):
+  """`python -m rsi_jax.train` (the smoke config's 2 x 2 mesh) on a process with one CPU device: exit 2 and
+  one line naming the mesh key and the flag that gives more devices, before any model is built."""
+  p = _run(f"run.output_dir={tmp_path}", XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  assert p.returncode == 2, p.stderr
+  lines = [x for x in p.stderr.splitlines() if x.strip()]
+  assert len(lines) == 1 and lines[0].startswith("cannot start: mesh.ici_")
+  assert "xla_force_host_platform_device_count" in lines[0] and "has 1" in lines[0]
+  assert p.stdout == ""

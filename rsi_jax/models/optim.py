@@ -61,7 +61,8 @@ def make_train_step(actor, optimizer, loss_fn: Callable, critic=None, critic_opt
   ``loss_fn(actor_params, critic_params, batch) -> (loss, aux)`` is differentiated with respect to the
   trained roles (the actor's and/or the critic's params; pass a critic only for joint / critic steps). The
   loss usually calls ``actor.token_logprobs_fn()`` and ``critic.values_fn()``. Output shardings equal the
-  input shardings, so repeated calls with same-shaped batches reuse one compiled program.
+  input shardings, so repeated calls with same-shaped batches reuse one compiled program. An update whose
+  loss or gradient norm is not finite is skipped (state kept, ``aux["skipped"] = 1``).
   """
   mesh = actor.mesh
   rep = NamedSharding(mesh, PartitionSpec())
@@ -80,15 +81,24 @@ def make_train_step(actor, optimizer, loss_fn: Callable, critic=None, critic_opt
     (loss, aux), grads = jax.value_and_grad(f, argnums=argnums, has_aux=True)(state.actor, state.critic)
     grads = dict(zip(argnums, grads))
     actor_p, actor_o, critic_p, critic_o = state.actor, state.actor_opt, state.critic, state.critic_opt
+    finite = jnp.isfinite(loss)
     if 0 in grads:
       upd, actor_o = optimizer.update(grads[0], actor_o, actor_p)
       actor_p = optax.apply_updates(actor_p, upd)
       aux = dict(aux, actor_grad_norm=optax.global_norm(grads[0]))
+      finite &= jnp.isfinite(aux["actor_grad_norm"])
     if 1 in grads:
       upd, critic_o = critic_optimizer.update(grads[1], critic_o, critic_p)
       critic_p = optax.apply_updates(critic_p, upd)
       aux = dict(aux, critic_grad_norm=optax.global_norm(grads[1]))
-    return TrainState(actor_p, actor_o, critic_p, critic_o, state.step + 1), loss, aux
+      finite &= jnp.isfinite(aux["critic_grad_norm"])
+    # Invariant: a non-finite loss or gradient never touches the weights or the optimizer moments; the
+    # update is skipped (weights and optimizer state kept bit for bit) and reported as aux["skipped"] = 1.
+    new = (actor_p, actor_o, critic_p, critic_o)
+    old = (state.actor, state.actor_opt, state.critic, state.critic_opt)
+    kept = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    aux = dict(aux, skipped=1.0 - finite.astype(jnp.float32))
+    return TrainState(*kept, state.step + 1), loss, aux
 
   return jax.jit(step, out_shardings=(state_sh, rep, rep), donate_argnums=(0,) if donate else ())
 

@@ -146,7 +146,8 @@ class RPRTrainer:
         idx = jnp.asarray(np.sort(idx))
         state, loss, aux = fn(state, {k: v[idx] for k, v in full.items()})
         updates.append(dict(jax.device_get(aux), loss=loss))
-    metrics = {k: float(np.mean([u[k] for u in updates])) for k in updates[0]}
+    metrics = {k: float(np.mean([u[k] for u in updates])) for k in updates[0] if k != "skipped"}
+    metrics["skipped_updates"] = int(sum(u["skipped"] for u in updates))  # non-finite: weights untouched
     metrics.update(_mismatch(np.asarray(prep["old_logp"]), batch), updates=len(updates),
                    advantage_mean=float(masked_token_mean(prep["advantages"], dev["gen_mask"])),
                    return_mean=float(masked_token_mean(prep["returns"], dev["gen_mask"])))

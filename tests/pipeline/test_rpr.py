@@ -100,3 +100,21 @@ def test_minibatches_make_the_clip_live(trainer):
   with pytest.raises(ValueError, match="does not split into rl.minibatches=3"):
     RPRTrainer(with_overrides(tr.cfg, {"rl": {"minibatches": 3}}), tr.actor, tr.critic).step(
         state, _batch(), train_actor=True)
+
+
+def test_non_finite_update_is_skipped_counted_and_leaves_the_weights(trainer):
+  """A NaN reward (a corrupted batch) makes the loss and gradients non-finite: the update is skipped, counted,
+  and neither the weights nor the optimizer moments change (bit for bit)."""
+  tr, a0, c0 = _fresh(trainer)
+  state = tr.start_actor(tr.init_state(a0, c0, train_actor=False))
+  before = jax.device_get((state.actor, state.critic, state.actor_opt, state.critic_opt))
+  bad = _batch()
+  bad.rewards[0, np.flatnonzero(bad.dones[0])[0]] = np.nan
+  state, m = tr.step(state, bad, train_actor=True)
+  assert m["skipped_updates"] == m["updates"] == 1
+  after = jax.device_get((state.actor, state.critic, state.actor_opt, state.critic_opt))
+  assert jax.tree.structure(after) == jax.tree.structure(before)
+  assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(after), jax.tree.leaves(before)))
+  # the next good batch trains as usual
+  state, m = tr.step(state, _batch(), train_actor=True)
+  assert m["skipped_updates"] == 0 and not _same(jax.device_get(state.actor), before[0])

@@ -1,0 +1,172 @@
+"""The training program end to end at the smallest size: real MaxText models on an 8-device mesh, the
+sampler, Docker tasks with protected verification, Orbax checkpoints, lineage, metrics, TensorBoard, plots."""
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from rsi_jax.config import CONFIG_DIR, load_config
+from rsi_jax.models import Actor, Critic, build_mesh
+from rsi_jax.models.checkpoint import params_digest, restore_params, saved_items
+from rsi_jax.pipeline.driver import Driver
+from rsi_jax.pipeline.phases import NoTrainableSamples
+
+pytestmark = [pytest.mark.slow, pytest.mark.docker]
+
+PHASES = ["rsr1", "critic_seed", "rpr1", "rsr2"]
+TINY = ["run.progress=false", "mesh.ici_fsdp_parallelism=4", "mesh.ici_tensor_parallelism=2",
+        "rollout.global_batch=4", "rollout.requested=5", "rollout.max_new_tokens=16", "env.max_turns=1",
+        "env.max_tasks=4", "pipeline.sft_epochs=2", "pipeline.rollout_steps=2", "pipeline.critic_only_steps=1",
+        "pipeline.checkpoint_every=1"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, docker_client):
+  out = tmp_path_factory.mktemp("run")
+  ov = [f"run.output_dir={out}", "run.name=t", f"pipeline.phases=[{', '.join(PHASES)}]", *TINY]
+  cfg = load_config(CONFIG_DIR / "smoke.yml", ov)
+  result = Driver(cfg, ov).run()
+  return cfg, result, out / "t"
+
+
+def _lineage(run_dir):
+  return json.loads((run_dir / "lineage.json").read_text())
+
+
+def test_lineage_chains_phases_and_carries_the_critic(run):
+  cfg, result, run_dir = run
+  lineage = _lineage(run_dir)
+  assert [e["phase"] for e in lineage] == PHASES
+  for before, after in zip(lineage, lineage[1:]):
+    assert after["started_from"]["actor"] == before["output"]
+  assert lineage[0]["started_from"] == {"actor": "init(seed=0)", "critic": None}
+  assert lineage[0]["critic_digest"] is None  # no critic exists before the critic seed
+  assert lineage[1]["started_from"]["critic"].startswith("backbone of the phase's starting actor")
+  assert lineage[2]["started_from"]["critic"] == lineage[1]["output"]
+  # critic seed: actor frozen; RSR-2: critic carried unchanged (Δφ = 0), actor changed
+  assert lineage[1]["actor_digest"] == lineage[0]["actor_digest"]
+  assert lineage[3]["critic_digest"] == lineage[2]["critic_digest"]
+  assert lineage[3]["actor_digest"] != lineage[2]["actor_digest"]
+  assert lineage[2]["reward"] == "fdr" and lineage[2]["actor_lr"] == 5e-7  # the rpr1 phase file applied
+  for e in lineage:
+    assert len(e["config_digest"]) == 16 and e["code_version"]
+    assert (e["reward_table_digest"] is None) == (e["kind"] == "rsr")
+  assert result["final"] == lineage[-1]["output"]
+
+
+def test_checkpoints_hold_params_and_fresh_optimizer_states(run):
+  """Every phase step folder holds params, the optimizer states of the trained roles and meta; RPR-1's
+  first checkpoint has a critic optimizer that made exactly that step's updates (nothing carried from the
+  critic seed) and no actor optimizer (critic-only step)."""
+  cfg, _, run_dir = run
+  ck = run_dir / "checkpoints"
+  assert sorted(p.name for p in (ck / "rpr1").iterdir() if p.name.isdigit()) == ["1", "2"]
+  first = ck / "rpr1" / "1"
+  assert {p.name for p in first.iterdir()} >= {"actor", "critic", "critic_opt", "meta"}
+  assert not (first / "actor_opt").exists()
+  assert (ck / "rpr1" / "2" / "actor_opt").is_dir()
+  meta = json.loads((first / "meta" / "metadata").read_text())
+  assert meta["phase"] == "rpr1" and meta["cursor"] == 5 and meta["update"] == cfg.rl.minibatches
+  assert meta["reward_table_digest"] and meta["started_from"]["actor"].endswith("critic_seed/1")
+
+  def counts(item):
+    tree = ocp.StandardCheckpointer().restore(first / item)
+    return [int(np.asarray(x)) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+            if "count" in jax.tree_util.keystr(p)]
+  assert counts("critic_opt") and set(counts("critic_opt")) == {cfg.rl.minibatches}
+  # the RSR checkpoints carry the critic they did not train
+  assert saved_items(str(ck / "rsr2" / "2")) == ("actor", "critic")
+  assert not (ck / "rsr2" / "2" / "critic_opt").exists()
+
+
+def test_final_checkpoint_restores_onto_the_mesh(run):
+  cfg, _, run_dir = run
+  lineage = _lineage(run_dir)
+  mesh = build_mesh(cfg)
+  actor, critic = Actor(cfg, mesh), Critic(cfg, mesh)
+  got = restore_params(lineage[-1]["output"], actor=actor.abstract_params, critic=critic.abstract_params)
+  assert params_digest(got["critic"]) == lineage[-1]["critic_digest"]
+  assert params_digest(got["actor"]) == lineage[-1]["actor_digest"]
+  # a phase folder resolves to its newest step
+  again = restore_params(str(run_dir / "checkpoints" / "rsr2"), actor=actor.abstract_params)
+  assert params_digest(again["actor"]) == lineage[-1]["actor_digest"]
+  leaf = jax.tree.leaves(got["actor"])[0]
+  assert leaf.sharding.mesh.shape == mesh.shape
+
+
+RPR_FIELDS = ["phase", "step", "reward_mean", "success_mean", "loss", "value/value_loss",
+              "value/explained_variance", "value/value_mean", "critic_grad_norm", "mismatch/abs_mean",
+              "staleness", "aborted_episodes", "infra_failures", "tokens_per_s", "step_seconds", "turns_mean",
+              "skipped_updates"]
+JOINT_FIELDS = ["policy/loss", "policy/clip_frac", "policy/clip_frac_low", "policy/clip_frac_high",
+                "actor_grad_norm"]
+
+
+def test_metrics_jsonl_has_every_field(run):
+  _, _, run_dir = run
+  recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  assert [(r["phase"], r["step"]) for r in recs] == [
+      ("rsr1", 1), ("rsr1", 2), ("critic_seed", 1), ("rpr1", 1), ("rpr1", 2), ("rsr2", 1), ("rsr2", 2)]
+  assert [r["global_step"] for r in recs] == list(range(1, 8))
+  rpr = [r for r in recs if r["phase"] == "rpr1"]
+  for r in rpr:
+    missing = [k for k in RPR_FIELDS + (JOINT_FIELDS if r["train_actor"] else []) if k not in r]
+    assert missing == [], missing
+    assert r["episodes"] == 4 and r["aborted_episodes"] == 1 and r["staleness"] == 0
+  assert "actor_grad_norm" not in rpr[0] and rpr[1]["actor_grad_norm"] > 0  # critic-only, then joint
+  assert rpr[0]["train_actor"] == 0 and rpr[1]["train_actor"] == 1
+  sft = [r for r in recs if r["kind"] == "rsr"]
+  assert all(r["nll_per_token"] > 0 and r["actor_grad_norm"] > 0 and r["skipped_updates"] == 0 for r in sft)
+
+
+def test_tensorboard_events_read_back(run):
+  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+  _, _, run_dir = run
+  recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  ea = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+  ea.Reload()
+  tags = set(ea.Tags()["scalars"])
+  for k in ("reward_mean", "policy/clip_frac", "value/explained_variance", "mismatch/abs_mean", "tokens_per_s"):
+    assert f"rpr1/{k}" in tags
+  assert "rsr1/nll_per_token" in tags
+  ev = ea.Scalars("rpr1/value/explained_variance")
+  want = [(r["global_step"], r["value/explained_variance"]) for r in recs if r["phase"] == "rpr1"]
+  assert [(e.step, pytest.approx(e.value, abs=1e-6)) for e in ev] == want
+
+
+def test_plots_are_pngs(run):
+  _, result, run_dir = run
+  names = sorted(Path(p).name for p in result["plot_files"])
+  assert {"reward_mean.png", "success_mean.png", "turns_mean.png", "value_explained_variance.png",
+          "mismatch_abs_mean.png", "nll_per_token.png"} <= set(names)
+  for n in names:
+    assert (run_dir / "plots" / n).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_no_container_left(run, docker_client):
+  from rsi_jax.env.sandbox import LABEL_RUN
+  assert not docker_client.containers.list(all=True, filters={"label": LABEL_RUN})
+
+
+def test_rerun_of_a_finished_run_trains_nothing(run):
+  cfg, _, run_dir = run
+  before = (run_dir / "metrics.jsonl").read_text()
+  r = Driver(cfg, []).run()
+  assert r["resumed"] and r["final"] == _lineage(run_dir)[-1]["output"]
+  assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+def test_a_run_with_nothing_to_train_on_stops_with_the_reason(tmp_path, docker_client):
+  """Every prompt rejected by the sampler (prefill limit below the first prompt): the run stops naming why,
+  instead of training on an empty batch with a loss of 0."""
+  ov = [f"run.output_dir={tmp_path}", "run.name=empty", "pipeline.phases=[critic_seed]", *TINY,
+        "env.max_tasks=2", "sampler.max_prefill_length=128", "sampler.prefill_buckets=[128]",
+        "sampler.max_cache_length=256"]
+  cfg = load_config(CONFIG_DIR / "smoke.yml", ov)
+  with pytest.raises(NoTrainableSamples, match=r"critic_seed step 1: none of the 4 episodes has a trainable "
+                                               r"generated token .*context_exhausted"):
+    Driver(cfg, ov).run()

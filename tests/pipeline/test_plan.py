@@ -1,0 +1,240 @@
+"""The training program before any model is built: the plan, pre-flight errors, run-folder paths, the
+defaults, and that every config key does something."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+
+from rsi_jax.config import CONFIG_DIR, REPO_ROOT, RESERVED_KEYS, Config, load_config
+from rsi_jax.pipeline.driver import (PreflightError, build_plan, check_fresh, checkpoint_root, preflight,
+                                     run_dir_of)
+from rsi_jax.pipeline.phases import InvariantError
+from rsi_jax.pipeline.rollouts import TaskOrder, derive_seed
+
+SMOKE = CONFIG_DIR / "smoke.yml"
+
+
+def _cfg(tmp_path, *ov):
+  return load_config(SMOKE, [f"run.output_dir={tmp_path}", "run.name=t", *ov])
+
+
+def test_plan_kinds_sources_and_phase_configs(tmp_path):
+  cli = ["pipeline.phases=[rpr1, rpr2]", "pipeline.critic_from.rpr2=init", "reward.kind=fdr"]
+  plan = build_plan(_cfg(tmp_path, *cli), cli)
+  assert [(p.name, p.kind, p.actor_from, p.critic_from) for p in plan] == [
+      ("rpr1", "rpr", "previous", "previous"), ("rpr2", "rpr", "previous", "init")]
+  assert plan[1].cfg.reward.kind == "fdr" and plan[1].cfg.actor_optim.learning_rate == 1e-7
+  default = build_plan(_cfg(tmp_path))
+  assert [p.kind for p in default] == ["rsr", "critic_seed", "rpr", "rsr", "rpr"]
+  assert default[1].critic_from == "init"  # the critic seed starts a critic from the RSR-1 actor
+
+
+@pytest.mark.parametrize("ov,msg", [
+    (["env.tasks_dir={tmp}/nowhere"], "env.tasks_dir: {tmp}/nowhere: tasks directory does not exist"),
+    (["env.tasks_dir={tmp}/empty"], "holds no task folder"),
+    (["reward.divisor_table={tmp}/table.json"], "reward.divisor_table: cannot read"),
+    (["mesh.ici_fsdp_parallelism=8", "mesh.ici_tensor_parallelism=1", "rollout.global_batch=8",
+      "rollout.requested=8"], "mesh.ici_fsdp_parallelism: ICI axes multiply to 8"),
+    (["mesh.ici_fsdp_parallelism=-1", "mesh.ici_tensor_parallelism=1", "rollout.global_batch=2",
+      "rollout.requested=2"], "rollout.global_batch: 2 is not divisible by the mesh's batch shards (data x fsdp = 4"),
+    (["pipeline.actor_from.rpr1={tmp}/no-ckpt"], "pipeline.actor_from.rpr1: checkpoint {tmp}/no-ckpt: does not exist"),
+])
+def test_preflight_errors_are_one_line(tmp_path, ov, msg):
+  (tmp_path / "empty").mkdir()
+  (tmp_path / "table.json").write_text("{not json")
+  ov = [o.format(tmp=tmp_path) for o in ov]
+  with pytest.raises(PreflightError) as e:
+    preflight(_cfg(tmp_path, *ov), ov, num_devices=4)
+  assert msg.format(tmp=tmp_path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_preflight_names_the_cpu_device_flag(tmp_path):
+  with pytest.raises(PreflightError, match="xla_force_host_platform_device_count"):
+    preflight(_cfg(tmp_path), num_devices=1)
+
+
+def test_resume_never_refuses_a_run_folder_that_holds_a_run(tmp_path):
+  cfg = _cfg(tmp_path, "run.resume=never")
+  assert preflight(cfg, num_devices=4)  # an empty (or missing) run folder is fine
+  (tmp_path / "t").mkdir()
+  (tmp_path / "t" / "train.log").write_text("a log alone is not a run\n")
+  assert preflight(cfg, num_devices=4)
+  (tmp_path / "t" / "lineage.json").write_text("[]")
+  with pytest.raises(PreflightError, match=r"run\.resume=never but the run folder .*/t already holds a run "
+                                           r"\(lineage\.json\)"):
+    preflight(cfg, num_devices=4)
+  assert preflight(_cfg(tmp_path), num_devices=4)  # resume=auto takes it up
+
+
+def test_object_store_paths_are_not_mangled(tmp_path):
+  cfg = load_config(SMOKE, ["run.output_dir=gs://bucket/runs", "run.name=exp1"])
+  assert run_dir_of(cfg) == "gs://bucket/runs/exp1"
+  assert checkpoint_root(cfg) == "gs://bucket/runs/exp1/checkpoints"
+  cfg = load_config(SMOKE, ["pipeline.checkpoint_dir=gs://other-bucket/ckpt/"])
+  assert checkpoint_root(cfg) == "gs://other-bucket/ckpt/"
+  from rsi_jax.models.checkpoint import join, local_or_url
+  assert local_or_url("gs://b/x/../y") == "gs://b/x/../y" and join("gs://b/x/", "rpr1", "40") == "gs://b/x/rpr1/40"
+  assert local_or_url("rel/dir") == str(Path.cwd() / "rel/dir")
+
+
+def test_defaults_serve_the_first_prompt_of_every_shipped_task():
+  """configs/base.yml's sampler limits must admit each shipped task's first prompt with room to generate,
+  and the summarization threshold the harness ends up with must be reachable."""
+  from rsi_jax.env import load_tasks, make_harness
+  from rsi_jax.env.harness import summarize_threshold
+  from rsi_jax.models import ChatRenderer, load_tokenizer
+  cfg = load_config(CONFIG_DIR / "base.yml")
+  tok = load_tokenizer(cfg.model.tokenizer_path)
+
+  class Limits:  # what the harness reads from the sampler
+    max_prompt_tokens = cfg.sampler.max_prefill_length
+
+  h = make_harness(cfg.env.harness, Limits(), ChatRenderer(tok), env_cfg=cfg.env)
+  lengths = [len(h.initial_prompt(t)) for t in load_tasks(cfg.env.tasks_dir)]
+  assert lengths and max(lengths) <= cfg.sampler.max_prefill_length
+  assert cfg.sampler.max_cache_length - max(lengths) >= 1024  # room for several replies
+  assert max(lengths) < summarize_threshold(cfg.env.summarize_threshold_tokens, Limits()) \
+      <= cfg.sampler.max_prefill_length
+
+
+def _read_keys() -> str:
+  return "\n".join(p.read_text() for p in (REPO_ROOT / "rsi_jax").rglob("*.py") if p.name != "config.py")
+
+
+def test_every_config_key_is_read_or_reserved():
+  """Every key of configs/base.yml is read outside config.py (model keys go to MaxText by name), unless
+  it is listed in RESERVED_KEYS, which only accept their default."""
+  base = yaml.safe_load((CONFIG_DIR / "base.yml").read_text())
+  src = _read_keys()
+  unread = []
+  for section, keys in base.items():
+    if not isinstance(keys, dict):
+      continue
+    for key in keys:
+      dotted = f"{section}.{key}"
+      if dotted in RESERVED_KEYS:
+        continue
+      if not re.search(rf"\.{re.escape(key)}\b|[\"']{re.escape(key)}[\"']", src):
+        unread.append(dotted)
+  assert unread == []
+  for key in RESERVED_KEYS:  # reserved keys are still in the schema and base.yml
+    section, name = key.split(".")
+    assert name in base[section]
+
+
+def test_task_order_is_seeded_random_access_with_repeats():
+  tasks = [f"t{i}" for i in range(5)]
+  o = TaskOrder(tasks, seed=3, responses_per_task=2)
+  seq = o.take(0, 20)
+  assert seq == TaskOrder(tasks, seed=3, responses_per_task=2).take(0, 20)  # a resumed run draws the same
+  assert seq[7:13] == o.take(7, 6)  # random access: the cursor is the whole state
+  assert all(seq[2 * k] == seq[2 * k + 1] for k in range(10))  # k consecutive requests per task
+  assert sorted(seq[0:10:2]) == tasks and sorted(seq[10:20:2]) == tasks  # each epoch covers the pool
+  assert seq[0:10:2] != seq[10:20:2]  # and is shuffled anew
+  assert seq != TaskOrder(tasks, seed=4, responses_per_task=2).take(0, 20)
+  assert derive_seed(1, "a", 2) == derive_seed(1, "a", 2) != derive_seed(1, "a", 3)
+
+
+def test_check_fresh_refuses_carried_optimizer_state():
+  import optax
+
+  from rsi_jax.models.optim import TrainState
+  opt = optax.adamw(1e-3)
+  p = {"w": jnp.ones(3)}
+  fresh = opt.init(p)
+  check_fresh(TrainState(p, fresh, None, None, jnp.zeros((), jnp.int32)), "rpr1")
+  _, used = opt.update({"w": jnp.ones(3)}, fresh, p)
+  with pytest.raises(InvariantError, match="rpr1: actor_opt starts with optimizer state carried"):
+    check_fresh(TrainState(p, used, None, None, jnp.zeros((), jnp.int32)), "rpr1")
+  with pytest.raises(InvariantError, match="critic_opt"):
+    check_fresh(TrainState(p, None, p, used, jnp.zeros((), jnp.int32)), "rpr1")
+  with pytest.raises(InvariantError, match="update counter starts at 3"):
+    check_fresh(TrainState(p, fresh, None, None, jnp.asarray(3)), "rpr1")
+
+
+def test_params_digest_sees_every_bit():
+  from rsi_jax.models.checkpoint import params_digest
+  rng = np.random.default_rng(0)
+  p = {"a": jnp.asarray(rng.normal(size=(4, 5)), jnp.float32), "b": jnp.asarray(rng.normal(size=7), jnp.bfloat16)}
+  d = params_digest(p)
+  assert d == params_digest(jax.tree.map(jnp.copy, p))
+  for leaf in ("a", "b"):
+    flat = np.asarray(p[leaf]).reshape(-1).copy()
+    bits = flat.view(np.uint32 if flat.dtype.itemsize == 4 else np.uint16)
+    bits[-1] ^= 1  # the lowest bit of the last element
+    q = dict(p, **{leaf: jnp.asarray(bits.view(flat.dtype).reshape(p[leaf].shape))})
+    assert params_digest(q) != d
+  swapped = {"a": p["a"].T, "b": p["b"]}
+  assert params_digest(swapped) != d
+
+
+def test_metric_logger_truncates_redone_steps_and_plots(tmp_path):
+  from rsi_jax.pipeline.metrics import MetricLogger, causal_mean
+  assert causal_mean([1, 2, 3, 4, 5, 6, float("nan")]) == [1, 1.5, 2, 2.5, 3, 4, 4.5]
+  m = MetricLogger(str(tmp_path), tensorboard=False)
+  for i in range(3):
+    m.log("rsr1", "rsr", i + 1, {"nll_per_token": 3.0 - i})
+  for i in range(4):
+    m.log("rpr1", "rpr", i + 1, {"reward_mean": 0.1 * i, "loss": float("nan")})
+  m2 = MetricLogger(str(tmp_path), tensorboard=False)  # a resumed run: rpr1 restored after step 2
+  m2.truncate(["rsr1", "rpr1"], "rpr1", 2)
+  lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [(r["phase"], r["step"]) for r in lines] == [("rsr1", 1), ("rsr1", 2), ("rsr1", 3), ("rpr1", 1), ("rpr1", 2)]
+  assert lines[-1]["loss"] is None  # NaN is not JSON
+  rec = m2.log("rpr1", "rpr", 3, {"reward_mean": 0.5})
+  assert rec["global_step"] == 6
+  files = m2.plot()
+  assert sorted(Path(f).name for f in files) == ["nll_per_token.png", "reward_mean.png"]
+  assert all(Path(f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in files)
+
+
+def test_defaults_cpu_run_fits_the_machine():
+  """Plain defaults (configs/base.yml) pass pre-flight on a single device: the fsdp axis is -1."""
+  cfg = Config()
+  assert cfg.mesh.ici_fsdp_parallelism == -1
+  assert preflight(cfg, num_devices=1)
+
+
+def test_shipped_configs_pass_preflight(tmp_path):
+  shutil.copytree(CONFIG_DIR, tmp_path / "configs")
+  for f in sorted(CONFIG_DIR.glob("*.yml")):
+    cfg = load_config(f, [f"run.output_dir={tmp_path}"])
+    assert preflight(cfg, num_devices=4)
+
+
+@pytest.mark.slow
+def test_training_starts_from_hf_path_or_a_checkpoint(tmp_path):
+  """model.hf_path is what a training run starts from (not a random init), and a checkpoint folder given
+  as pipeline.actor_from.<phase> is restored onto the mesh."""
+  import types
+
+  from rsi_jax.models import Actor, build_mesh
+  from rsi_jax.models.checkpoint import save_params
+  from rsi_jax.models.hf_import import config_for_hf, load_hf_params
+  from rsi_jax.pipeline.driver import Driver
+  hf = REPO_ROOT / "tests" / "models" / "fixtures" / "hf_qwen3_tied"
+  cfg = config_for_hf(str(hf), _cfg(tmp_path, "mesh.ici_fsdp_parallelism=2", "mesh.ici_tensor_parallelism=1",
+                                    "rollout.global_batch=2", "rollout.requested=2"))
+  mesh = build_mesh(cfg, jax.devices()[:2])
+  ctx = types.SimpleNamespace(actor=Actor(cfg, mesh))
+  want = jax.device_get(load_hf_params(str(hf), ctx.actor))
+  d = Driver(cfg)
+  spec = build_plan(cfg)[0]
+  got, src = d._actor_start(ctx, spec, 0, None, {})
+  assert src == f"hf:{hf}"
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(jax.device_get(got)), jax.tree.leaves(want)))
+  random = jax.device_get(ctx.actor.init(jax.random.key(cfg.run.seed)))
+  assert not np.array_equal(jax.tree.leaves(random)[0], jax.tree.leaves(want)[0])
+  # a checkpoint folder as the phase's actor source
+  ck = save_params(str(tmp_path / "ck"), actor=jax.tree.map(lambda x: x * 2, got))
+  spec = build_plan(load_config(SMOKE, [f"pipeline.actor_from.rsr1={ck}"]))[0]
+  got2, src2 = d._actor_start(ctx, spec, 0, None, {})
+  assert src2 == ck
+  assert all(np.array_equal(a, 2 * b) for a, b in zip(jax.tree.leaves(jax.device_get(got2)), jax.tree.leaves(want)))
