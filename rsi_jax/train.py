@@ -12,7 +12,6 @@ nothing to train on, an error; the reason is printed), 2 the config or the pre-f
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import traceback
 
