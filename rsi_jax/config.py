@@ -135,6 +135,8 @@ class OptimConfig:
   eps: float = 1e-8
   weight_decay: float = 0.10
   grad_clip: float = 1.0
+  # false (Megatron's default, the paper's stack): norm scales and biases are not decayed
+  decay_norms_and_biases: bool = False
 
   def validate(self, p):
     _check(self.learning_rate >= 0, f"{p}.learning_rate", f"must be >= 0, got {self.learning_rate}")
@@ -156,9 +158,10 @@ class RLConfig:
   logprob_chunk: int = 1024
   pad_multiple: int = 2048  # token rows are padded to a multiple of this (bounded set of compiled shapes)
   # PPO passes over one rollout batch: rows split into `minibatches` updates, repeated `ppo_epochs` times,
-  # all against the same π_old / v_old (so the ratio clip binds after the first update). The paper uses
-  # minibatches but does not state their number; 4 x 1 is this project's default.
-  minibatches: int = 4
+  # all against the same π_old / v_old. The paper (App. A: rollout batch = global batch) makes one optimizer
+  # update per rollout step, the default; more minibatches / epochs (the ratio clip then binds from the
+  # second update on) are a departure available by config.
+  minibatches: int = 1
   ppo_epochs: int = 1
   per_device_token_budget: int = 8192  # RESERVED (not yet in effect): token-budget packing
   dynamic_balancing: bool = False  # RESERVED (not yet in effect): dynamic length balancing (RPR-2)
@@ -185,6 +188,10 @@ class RolloutConfig:
   max_new_tokens: int = 8192  # per turn
   max_input_tokens: int = 96000  # RESERVED (not yet in effect): chunked prefill; sampler.max_prefill_length rules
   responses_per_task: int = 1  # episodes per drawn task in a rollout step (consecutive request indices)
+  # one-batch-ahead asynchrony (paper §3.1): the rollouts of step k+1 are collected while the learner trains
+  # on step k; a sample whose tokens are more than this many actor updates old is not trained on.
+  # 0 = synchronous (rollouts, then the update)
+  max_staleness: int = 1
   # true: the used episodes are the first global_batch by request index (not by finishing time) and every
   # sampler request is seeded from (run.seed, phase, step, request index, turn), so a run killed and resumed
   # ends with the same weights as an uninterrupted one; false: the first global_batch to finish are used
@@ -200,6 +207,10 @@ class RolloutConfig:
     _check(self.max_new_tokens > 0, f"{p}.max_new_tokens", "must be > 0")
     _check(self.max_input_tokens > 0, f"{p}.max_input_tokens", "must be > 0")
     _check(self.responses_per_task > 0, f"{p}.responses_per_task", f"must be > 0, got {self.responses_per_task}")
+    _check(self.max_staleness >= 0, f"{p}.max_staleness", f"must be >= 0, got {self.max_staleness}")
+    _check(not (self.deterministic and self.max_staleness > 0), f"{p}.deterministic",
+           "needs rollout.max_staleness=0 (with one-batch-ahead rollouts, which weights sample a token depends "
+           "on timing)")
 
 
 @dataclasses.dataclass(frozen=True)

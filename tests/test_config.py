@@ -27,6 +27,10 @@ def test_paper_defaults():
       0.90, 0.98, 1e-8, 0.10)
   assert cfg.actor_optim.learning_rate == 5e-7 and cfg.critic_optim.learning_rate == 1.5e-5
   assert cfg.pipeline.rollout_steps == 36 and cfg.pipeline.critic_only_steps == 4
+  # one optimizer update per rollout step (App. A), so Warmup_4 is 4 critic-only updates
+  assert cfg.rl.minibatches == 1 and cfg.rl.ppo_epochs == 1
+  assert cfg.rollout.max_staleness == 1 and cfg.rollout.responses_per_task == 1
+  assert not cfg.actor_optim.decay_norms_and_biases and not cfg.critic_optim.decay_norms_and_biases
   assert cfg.rollout.global_batch == 256 and cfg.rollout.requested == 288
   assert cfg.reward.fallback_divisor == 82.0 and cfg.env.summarize_threshold_tokens == 32_000
 
@@ -99,10 +103,10 @@ def test_command_line_wins_over_phase_files():
   assert phase_config(plain, "rpr2").reward.kind == "spr"  # without the command line, the overlay applies
   assert phase_config(plain, "rpr1").actor_optim.learning_rate == 5e-7
   # phase_overrides (run file or command line) sit between the overlay file and plain command-line keys
-  ov = ["pipeline.phase_overrides={rpr2: {actor_optim: {learning_rate: 2.0e-6}, rl: {minibatches: 1}}}"]
+  ov = ["pipeline.phase_overrides={rpr2: {actor_optim: {learning_rate: 2.0e-6}, rl: {ppo_epochs: 2}}}"]
   cfg = load_config(SMOKE, ov)
   assert phase_config(cfg, "rpr2", ov).actor_optim.learning_rate == 2e-6
-  assert phase_config(cfg, "rpr2", ov).rl.minibatches == 1 and phase_config(cfg, "rpr1", ov).rl.minibatches == 2
+  assert phase_config(cfg, "rpr2", ov).rl.ppo_epochs == 2 and phase_config(cfg, "rpr1", ov).rl.ppo_epochs == 1
   cli = ov + ["actor_optim.learning_rate=9e-9"]
   assert phase_config(load_config(SMOKE, cli), "rpr2", cli).actor_optim.learning_rate == 9e-9
   bad = ["pipeline.phase_overrides={rpr1: {rl: {clip_lo: 1}}}"]

@@ -217,8 +217,10 @@ class ChatHarness(Harness):
         break
       nxt = (prompt + [int(i) for i in comp.token_ids] + self.renderer.close_turn(comp.token_ids)
              + self.renderer.render_message("tool", turn.observation) + self.renderer.generation_prompt())
-      if len(nxt) > self.summarize_threshold_tokens and summaries < self.max_summaries:
-        # Proactive summarization: a new linear segment, not the end of the episode.
+      actions_left = self.max_turns - sum(t.kind == TURN_ACTION for t in turns)
+      if len(nxt) > self.summarize_threshold_tokens and summaries < self.max_summaries and actions_left > 0:
+        # Proactive summarization: a new linear segment, not the end of the episode (only when another action
+        # follows: a summary nobody acts on would take the episode's terminal reward).
         req = (prompt + [int(i) for i in comp.token_ids] + self.renderer.close_turn(comp.token_ids)
                + self.renderer.render_message("user", _summary_request(turn))
                + self.renderer.generation_prompt())

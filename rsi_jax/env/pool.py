@@ -28,6 +28,12 @@ from rsi_jax.rl.ctrf import VerificationOutcome, verification_outcome
 log = logging.getLogger(__name__)
 
 AGENT_ERROR = "agent_error"  # the harness or policy raised (not the agent's behaviour: masked, counted)
+ABORTED = "aborted"  # stopped on purpose (oversampling: enough other episodes finished first)
+
+
+class EpisodeAborted(Exception):
+  """Raised by a policy to stop its episode on purpose: the container is removed, nothing is verified, and
+  the episode is counted as aborted (not as an infrastructure failure)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +148,10 @@ def run_episode(task: Task, harness: Harness, client, settings: EnvSettings, *, 
         run: AgentRun = harness.run(box, task, deadline=time.time() + agent_timeout)
       except SandboxError:
         raise
+      except EpisodeAborted as e:
+        res.failure_kind, res.error = ABORTED, str(e)
+        res.outcome = verification_outcome(infra_error=f"aborted: {e}")
+        return res
       except Exception as e:  # noqa: BLE001 - a policy / harness bug must not take the pool down
         log.exception("%s: harness %s failed", task.name, harness.name)
         res.failure_kind, res.error = AGENT_ERROR, f"{type(e).__name__}: {e}"
@@ -216,7 +226,9 @@ class EnvPool:
       self._release(h)
     with self._lock:
       self.counts["episodes"] += 1
-      if r.infra_failure:
+      if r.failure_kind == ABORTED:
+        self.counts["aborted"] += 1
+      elif r.infra_failure:
         self.counts["infra_failures"] += 1
         self.counts[f"infra:{r.failure_kind or 'unknown'}"] += 1
     return r

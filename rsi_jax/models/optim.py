@@ -15,12 +15,23 @@ from rsi_jax.config import OptimConfig
 def make_optimizer(optim_cfg: OptimConfig) -> optax.GradientTransformation:
   """clip_by_global_norm(grad_clip) -> AdamW(lr, b1, b2, eps, weight_decay); one chain per role.
 
-  Weight decay applies to every parameter (App. A gives one decay for the whole model)."""
+  Weight decay applies to the weight matrices and embeddings; norm scales and biases are exempt unless
+  ``decay_norms_and_biases`` (Megatron's default, the stack the paper trained with)."""
   return optax.chain(
       optax.clip_by_global_norm(optim_cfg.grad_clip),
       optax.adamw(optim_cfg.learning_rate, b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps,
-                  weight_decay=optim_cfg.weight_decay),
+                  weight_decay=optim_cfg.weight_decay,
+                  mask=None if optim_cfg.decay_norms_and_biases else decay_mask),
   )
+
+
+def decay_mask(params):
+  """True for the leaves weight decay applies to: not norm scales (``.../scale``, ``..._norm/...``) and not
+  biases (``.../bias``)."""
+  def decays(path, _):
+    names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    return not (names and names[-1] in ("scale", "bias") or any("norm" in n for n in names))
+  return jax.tree_util.tree_map_with_path(decays, params)
 
 
 class TrainState(NamedTuple):
@@ -55,14 +66,17 @@ def init_opt_state(optimizer, params, shardings):
 
 
 def make_train_step(actor, optimizer, loss_fn: Callable, critic=None, critic_optimizer=None,
-                    train_actor: bool = True, train_critic: bool = True, donate: bool = True):
+                    train_actor: bool = True, train_critic: bool = True, donate: bool = True,
+                    has_signal: Callable | None = None):
   """A jitted step ``(state: TrainState, batch) -> (state, loss, aux)``, sharded like the params.
 
   ``loss_fn(actor_params, critic_params, batch) -> (loss, aux)`` is differentiated with respect to the
   trained roles (the actor's and/or the critic's params; pass a critic only for joint / critic steps). The
   loss usually calls ``actor.token_logprobs_fn()`` and ``critic.values_fn()``. Output shardings equal the
   input shardings, so repeated calls with same-shaped batches reuse one compiled program. An update whose
-  loss or gradient norm is not finite is skipped (state kept, ``aux["skipped"] = 1``).
+  loss or gradient norm is not finite is skipped (state kept, ``aux["skipped"] = 1``). ``has_signal(batch)``
+  (a traced boolean, e.g. "some token is trainable"): False makes no update either (AdamW would still move
+  the weights through its moments and weight decay; ``aux["empty"] = 1``).
   """
   mesh = actor.mesh
   rep = NamedSharding(mesh, PartitionSpec())
@@ -94,10 +108,11 @@ def make_train_step(actor, optimizer, loss_fn: Callable, critic=None, critic_opt
       finite &= jnp.isfinite(aux["critic_grad_norm"])
     # Invariant: a non-finite loss or gradient never touches the weights or the optimizer moments; the
     # update is skipped (weights and optimizer state kept bit for bit) and reported as aux["skipped"] = 1.
+    signal = jnp.asarray(True) if has_signal is None else jnp.asarray(has_signal(batch), bool)
     new = (actor_p, actor_o, critic_p, critic_o)
     old = (state.actor, state.actor_opt, state.critic, state.critic_opt)
-    kept = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-    aux = dict(aux, skipped=1.0 - finite.astype(jnp.float32))
+    kept = jax.tree.map(lambda n, o: jnp.where(finite & signal, n, o), new, old)
+    aux = dict(aux, skipped=(signal & ~finite).astype(jnp.float32), empty=(~signal).astype(jnp.float32))
     return TrainState(*kept, state.step + 1), loss, aux
 
   return jax.jit(step, out_shardings=(state_sh, rep, rep), donate_argnums=(0,) if donate else ())

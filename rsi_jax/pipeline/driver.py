@@ -136,10 +136,14 @@ def preflight(cfg: Config, cli_overrides: Sequence[str] = (), num_devices: int |
                            f"batch shards (data x fsdp = {shards} on {n_dev} devices) in phase {spec.name}")
     if spec.kind != "rsr":
       try:
-        divisor_table_from_config(c.reward)
+        table = divisor_table_from_config(c.reward)
       except (OSError, ValueError, TypeError, KeyError) as e:
         raise PreflightError(f"reward.divisor_table: cannot read {c.reward.divisor_table!r} (phase "
                              f"{spec.name}): {e}") from None
+      if table.kind != c.reward.kind:
+        raise PreflightError(f"reward.divisor_table: {c.reward.divisor_table} is a table for {table.kind!r} "
+                             f"rewards but phase {spec.name} uses reward.kind={c.reward.kind!r} (set the "
+                             f"table per phase with pipeline.phase_overrides)")
     for src_key, src in (("actor_from", spec.actor_from), ("critic_from", spec.critic_from)):
       if src not in (PREVIOUS, INIT):
         try:
@@ -376,7 +380,9 @@ class Driver:
 
     t0 = time.time()
     cfg = spec.cfg
-    phase = PHASES[spec.kind](spec.name, cfg, ctx, join(self.run_dir, "phases", spec.name))
+    workdir = lambda name: join(self.run_dir, "phases", name)  # noqa: E731
+    phase = PHASES[spec.kind](spec.name, cfg, ctx, workdir(spec.name),
+                              earlier=[(p.name, p.kind, workdir(p.name)) for p in plan[:index]])
     ckpts = PhaseCheckpoints(join(self.ckpt_root, spec.name), keep=cfg.pipeline.keep_checkpoints)
     latest = ckpts.latest_step()
     if latest is not None:  # resume this phase from its newest complete checkpoint
@@ -402,7 +408,15 @@ class Driver:
       started_from = {"actor": actor_src, "critic": critic_src}
       start_digest = params_digest(critic_p) if critic_p is not None else None
       latest = 0
-    phase.setup(state.train.actor)
+    try:
+      return self._steps(ctx, spec, phase, ckpts, state, latest, started_from, start_digest, carried, stop, t0)
+    finally:
+      phase.close()
+      ckpts.close()
+
+  def _steps(self, ctx, spec, phase, ckpts, state, latest, started_from, start_digest, carried, stop, t0):
+    cfg = spec.cfg
+    phase.setup(state.train.actor, latest)
     n = phase.num_steps
     self.metrics.truncate(list(self.cfg.pipeline.phases), spec.name, latest)
     self.console.line(f"[{spec.name}] {spec.kind}: {phase.describe()}; weights: actor <- "
@@ -434,7 +448,6 @@ class Driver:
       ckpts.wait()
     finally:
       self.console.close_bar()
-      ckpts.close()
     actor_out, critic_out = state.train.actor, (state.train.critic if phase.uses_critic else carried)
     entry = {"phase": spec.name, "kind": spec.kind, "started_from": started_from, "output": ckpts.step_dir(n),
              "steps": n, "optimizer": "fresh at phase start (weights-only handoff)",

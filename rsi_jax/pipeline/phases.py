@@ -31,7 +31,7 @@ from etils import epath
 
 from rsi_jax.config import Config
 from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, make_train_step, masked_nll_loss
-from rsi_jax.pipeline.rollouts import SeededPolicy, TaskOrder, collect, derive_seed
+from rsi_jax.pipeline.rollouts import RolloutPolicy, TaskOrder, collect, derive_seed
 from rsi_jax.policy import SamplingParams
 from rsi_jax.rl.batch import Sample, assemble_batch, episode_samples
 
@@ -57,15 +57,19 @@ class RunContext:
   tasks: list
   run_dir: str
   sampler: object = None  # rsi_jax.sampler.server.SamplerServer, created with the first weights it serves
+  actor_version: int = 0  # the sampler's version number of the weights last handed to it
 
-  def serve(self, actor_params):
-    """Point the sampler at ``actor_params`` (creating it on first use) and wait until it serves them."""
+  def serve(self, actor_params, wait: bool = True):
+    """Hand ``actor_params`` to the sampler (creating it on first use) as a new weight version; ``wait``:
+    until it serves them (else requests in flight finish on the old weights first: swap_policy)."""
     if self.sampler is None:
       from rsi_jax.sampler.server import SamplerServer
       self.sampler = SamplerServer.from_config(self.cfg, actor_params, tokenizer=self.tokenizer)
+      self.actor_version = self.sampler.weight_version
     else:
-      self.sampler.update_weights(actor_params)
-      self.sampler.wait_swapped()
+      self.actor_version = self.sampler.update_weights(actor_params)
+      if wait:
+        self.sampler.wait_swapped()
 
 
 @dataclasses.dataclass
@@ -80,12 +84,16 @@ class Phase:
   trains_actor = False
   uses_critic = False  # False: the critic is carried past the phase untouched (checked by the driver)
 
-  def __init__(self, name: str, cfg: Config, ctx: RunContext, workdir: str):
+  def __init__(self, name: str, cfg: Config, ctx: RunContext, workdir: str, earlier: tuple = ()):
     self.name, self.cfg, self.ctx, self.workdir = name, cfg, ctx, workdir
+    self.earlier = tuple(earlier)  # (name, kind, workdir) of the phases before this one in the plan
     self.num_steps = 0
 
-  def setup(self, actor_params) -> None:
-    pass
+  def setup(self, actor_params, step: int = 0) -> None:
+    """Before the first step to run (``step`` > 0: resuming after that step)."""
+
+  def close(self) -> None:
+    """Stop whatever the phase still has running (the driver calls it when the phase ends or fails)."""
 
   def optimizers(self) -> dict:
     raise NotImplementedError
@@ -141,7 +149,7 @@ class RSRPhase(Phase):
     self._step = make_train_step(self.ctx.actor, self.opt, nll)
     self.samples: list[list[Sample]] = []
 
-  def setup(self, actor_params):
+  def setup(self, actor_params, step=0):
     path = epath.Path(self.workdir) / "sft_data.npz"
     if path.exists():  # an interrupted attempt stored its discovery
       self.samples = _load_samples(path)
@@ -239,9 +247,9 @@ class RolloutPhase(Phase):
   def __init__(self, *a, **kw):
     super().__init__(*a, **kw)
     from rsi_jax.pipeline.rpr import RPRTrainer
-    from rsi_jax.rl.divisors import divisor_table_from_config
     self.trainer = RPRTrainer(self.cfg, self.ctx.actor, self.ctx.critic)
-    self.table = divisor_table_from_config(self.cfg.reward)
+    self.table = None  # set by setup: frozen for the phase
+    self.outcomes = epath.Path(self.workdir) / "outcomes.jsonl"
     r = self.cfg.rollout
     self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                    max_new_tokens=r.max_new_tokens)
@@ -258,37 +266,141 @@ class RolloutPhase(Phase):
   def init_state(self, actor_params, critic_params):
     return self.trainer.init_state(actor_params, critic_params, train_actor=not self.critic_only(0))
 
-  def setup(self, actor_params):
+  def _setup_rollouts(self, actor_params, step):
     self.ctx.serve(actor_params)
+    self.table = self._reward_table()
+    if self.outcomes.exists():  # resuming: drop the outcomes of steps about to be redone
+      rows = [json.loads(x) for x in self.outcomes.read_text().splitlines() if x.strip()]
+      self.outcomes.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
 
-  def _harness(self, state: PhaseState, i: int, index: int):
+  def _reward_table(self):
+    """The phase's divisor table (App. B), frozen for the phase and stored in its folder (a resumed phase
+    reads it back): ``reward.divisor_table`` when set; else FDR divisors calibrated (Eq. 6, quantile
+    ``reward.calibration_quantile``) from the outcomes of the plan's earlier rollout phases (the critic
+    seed's, for RPR-1); else, for SPR, the previous RPR phase's table recalibrated from its outcomes; else
+    the fallback divisor for every family."""
+    from rsi_jax.rl.divisors import (DivisorTable, calibrate_fdr_divisors, divisor_table_from_config,
+                                     load_divisor_table, recalibrate_spr_divisors)
+    from rsi_jax.rl.outcome_table import OutcomeTable
+    r = self.cfg.reward
+    path = epath.Path(self.workdir) / "divisor_table.json"
+    if path.exists():
+      table = load_divisor_table(str(path))
+    elif r.divisor_table:
+      table = divisor_table_from_config(r)
+    else:
+      rollout_dirs = [(n, k, epath.Path(d)) for n, k, d in self.earlier if k in ("critic_seed", "rpr")]
+      rows = lambda d: [json.loads(x) for x in (d / "outcomes.jsonl").read_text().splitlines() if x.strip()] \
+          if (d / "outcomes.jsonl").exists() else []  # noqa: E731
+      prev_rpr = [(n, d) for n, k, d in rollout_dirs if k == "rpr" and (d / "divisor_table.json").exists()]
+      if r.kind == "spr" and prev_rpr:
+        n, d = prev_rpr[-1]
+        table = recalibrate_spr_divisors(load_divisor_table(str(d / "divisor_table.json")),
+                                         OutcomeTable.from_rows(rows(d), str(d / "outcomes.jsonl")), r,
+                                         source=f"recalibrated from {n}'s outcomes", phase=self.name)
+      else:
+        history = OutcomeTable.from_rows([x for _, _, d in rollout_dirs for x in rows(d)], "earlier rollouts")
+        if len(history):
+          table = calibrate_fdr_divisors(history, quantile=r.calibration_quantile,
+                                         fallback_divisor=r.fallback_divisor, phase=self.name,
+                                         source=f"calibrated from the rollouts of "
+                                                f"{', '.join(n for n, _, _ in rollout_dirs)}")
+          if r.kind == "spr":  # an SPR phase with no earlier RPR phase: the FDR calibration seeds it
+            table = DivisorTable(table.families, table.fallback_divisor, "spr", self.name, table.source,
+                                 table.created, table.digest, table.settings, table.notes)
+        else:
+          table = divisor_table_from_config(r)
+    if table.kind != r.kind:
+      raise ValueError(f"{self.name}: divisor table {table.digest} is for {table.kind!r} rewards but "
+                       f"reward.kind is {r.kind!r}")
+    if not path.exists():
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.write_text(json.dumps(table.to_dict(), indent=2) + "\n")
+    return table
+
+  def requests(self, state: PhaseState, i: int) -> tuple[list[int], int]:
+    """(request indices of step ``i``, how many of their episodes are used): ``rollout.requested`` from the
+    cursor, ``rollout.global_batch`` used (oversampling)."""
+    r = self.cfg.rollout
+    return list(range(state.cursor, state.cursor + r.requested)), r.global_batch
+
+  def _start(self, state: PhaseState, i: int):
+    """Start step ``i``'s episodes; returns (a future of (episodes, aborted, started, seconds), the episodes'
+    abort switches)."""
+    import threading
+
     from rsi_jax.env import make_harness
-    policy = self.ctx.sampler
-    if self.cfg.rollout.deterministic:
-      policy = SeededPolicy(policy, derive_seed(state.seed, "rollout", i, index))
-    return make_harness(self.cfg.env.harness, policy, self.ctx.renderer, self.sampling, env_cfg=self.cfg.env)
+    order = TaskOrder(self.ctx.tasks, state.seed, self.cfg.rollout.responses_per_task)
+    idx, used = self.requests(state, i)
+    det = self.cfg.rollout.deterministic
+    jobs = []
+    for k in idx:
+      ev = threading.Event()
+      policy = RolloutPolicy(self.ctx.sampler, ev, derive_seed(state.seed, "rollout", i, k) if det else None)
+      jobs.append((order[k], make_harness(self.cfg.env.harness, policy, self.ctx.renderer, self.sampling,
+                                          env_cfg=self.cfg.env), ev))
+
+    def run():
+      t0 = time.time()
+      eps, aborted = collect(self.ctx.pool, jobs, used, deterministic=det)
+      return eps, aborted, len(idx), time.time() - t0
+
+    return self._executor.submit(run), [ev for _, _, ev in jobs]
+
+  def setup(self, actor_params, step=0):
+    import concurrent.futures as cf
+    self._executor = cf.ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-rollouts")
+    self._ahead = None  # (step, future): the next step's rollouts, started before this step's update
+    self._setup_rollouts(actor_params, step)
+
+  def close(self):
+    if getattr(self, "_ahead", None) is not None:  # stopped early (preemption, an error): abort the next step's
+      _, fut, events = self._ahead
+      for ev in events:
+        ev.set()
+      fut.result()  # every episode has ended and removed its container
+      self._ahead = None
+    if getattr(self, "_executor", None) is not None:
+      self._executor.shutdown(wait=True)
 
   def step(self, state, i):
     from rsi_jax.rl.rewards import outcome_rewards
     cfg, ctx = self.cfg, self.ctx
     t0 = time.time()
-    order = TaskOrder(ctx.tasks, state.seed, cfg.rollout.responses_per_task)
-    n = cfg.rollout.requested
-    jobs = [(order[state.cursor + k], self._harness(state, i, state.cursor + k)) for k in range(n)]
-    eps, not_used = collect(ctx.pool, jobs, cfg.rollout.global_batch, deterministic=cfg.rollout.deterministic)
-    t_roll = time.time() - t0
+    if self._ahead is not None and self._ahead[0] == i:
+      fut, ahead = self._ahead[1], True
+      self._ahead = None
+    else:
+      fut, ahead = self._start(state, i)[0], False
+    eps, aborted, started, t_roll = fut.result()
+    state = dataclasses.replace(state, cursor=state.cursor + len(self.requests(state, i)[0]))
+    # one batch ahead (§3.1): the next step's episodes run on the current weights while this step trains
+    if cfg.rollout.max_staleness > 0 and i + 1 < self.num_steps:
+      self._ahead = (i + 1, *self._start(state, i + 1))
+    version = ctx.actor_version  # the weights being trained now
     rewards, mask = outcome_rewards([e.outcome for e in eps], [e.family for e in eps], cfg.reward.kind,
                                     self.table)
+    with self.outcomes.open("a") as f:  # for the reward tables of later phases (calibration, App. B)
+      for e, rew in zip(eps, rewards):
+        o = e.outcome
+        f.write(json.dumps({"step": i + 1, "task": e.task, "family": e.family, "state": o.state.value,
+                            "success": int(o.success or 0), "valid": bool(o.report_valid),
+                            "passed": int(o.passed or 0), "total": int(o.total or 0), "turns": len(e.turns),
+                            "reward": float(rew)}) + "\n")
     samples = [episode_samples(e.segments, j) for j, e in enumerate(eps)]
-    batch = assemble_batch(samples, rewards, mask > 0, pad_multiple=cfg.rl.pad_multiple,
-                           pad_id=ctx.tokenizer.pad_id,
+    # the staleness bound: an episode with a token sampled more than max_staleness updates ago is not trained
+    oldest = [min([int(x.weight_versions[x.gen_mask].min()) for x in ss if x.gen_mask.any()], default=version)
+              for ss in samples]
+    too_old = np.array([version - o > cfg.rollout.max_staleness for o in oldest], bool)
+    ok = (mask > 0) & ~too_old
+    batch = assemble_batch(samples, rewards, ok, pad_multiple=cfg.rl.pad_multiple, pad_id=ctx.tokenizer.pad_id,
                            num_rows=_round_rows(sum(len(s) for s in samples), ctx.mesh, cfg.rl.minibatches))
-    trainable = [j for j, s in enumerate(samples) if mask[j] > 0 and any(x.gen_mask.any() for x in s)]
+    trainable = [j for j, s in enumerate(samples) if ok[j] and any(x.gen_mask.any() for x in s)]
     if not trainable:
       why = Counter(e.failure_kind or e.stop_reason or "no generated token" for e in eps)
       raise NoTrainableSamples(f"{self.name} step {i + 1}: none of the {len(eps)} episodes has a trainable "
                                f"generated token ({dict(why)}): infrastructure failures "
-                               f"{int((mask == 0).sum())}, stop reasons {dict(Counter(e.stop_reason for e in eps))}")
+                               f"{int((mask == 0).sum())}, too stale {int(too_old.sum())}")
     # Invariant: one terminal reward per trainable episode that generated tokens, nowhere else.
     if int(batch.dones.sum()) != len(trainable) or np.count_nonzero(batch.rewards[batch.dones == 0]):
       raise InvariantError(f"{self.name} step {i + 1}: rewards placed {int(batch.dones.sum())} times for "
@@ -298,42 +410,50 @@ class RolloutPhase(Phase):
     if train_actor and train.actor_opt is None:
       train = self.trainer.start_actor(train)  # fresh AdamW state for the actor after the critic-only steps
     t1 = time.time()
-    train, m = self.trainer.step(train, batch, train_actor)
+    train, m = self.trainer.step(train, batch, train_actor, version=version)
     if train_actor:
-      ctx.serve(train.actor)
+      ctx.serve(train.actor, wait=self._ahead is None)  # async: in-flight episodes finish on the old weights
     t_train = time.time() - t1
-    ok = mask > 0
     gen_tokens = sum(e.generated_tokens for e in eps)
+    valid = mask > 0
     m.update(
-        train_actor=int(train_actor), reward_mean=_mean(rewards[ok]), success_mean=_mean(
-            [float(e.success or 0) for e, k in zip(eps, ok) if k]),
-        turns_mean=_mean([len(e.turns) for e in eps]), episodes=len(eps), aborted_episodes=not_used,
-        infra_failures=int((~ok).sum()), trainable_episodes=len(trainable),
+        train_actor=int(train_actor), reward_mean=_mean(rewards[valid]), success_mean=_mean(
+            [float(e.success or 0) for e, k in zip(eps, valid) if k]),
+        turns_mean=_mean([len(e.turns) for e in eps]), episodes=len(eps), episodes_started=started,
+        aborted_episodes=aborted, infra_failures=int((~valid).sum()), stale_episodes=int(too_old.sum()),
+        trainable_episodes=len(trainable), collected_ahead=int(ahead),
         prompt_rejected=sum(e.stop_reason == "context_exhausted" for e in eps),
-        generated_tokens=gen_tokens, tokens_per_s=gen_tokens / max(t_roll, 1e-9), staleness=0,
-        weight_version=ctx.sampler.weight_version, rollout_seconds=t_roll, train_seconds=t_train,
-        step_seconds=time.time() - t0)
-    return dataclasses.replace(state, train=train, cursor=state.cursor + n), m
+        generated_tokens=gen_tokens, tokens_per_s=gen_tokens / max(t_roll, 1e-9),
+        weight_version=version, rollout_seconds=t_roll, train_seconds=t_train,
+        rollout_wait_seconds=t1 - t0, step_seconds=time.time() - t0)
+    m["staleness"] = m["staleness/max"]
+    return dataclasses.replace(state, train=train), m
 
 
 class CriticSeedPhase(RolloutPhase):
-  """φ_seed: critic-only updates on rollouts of the frozen actor, ``pipeline.critic_seed_epochs`` passes
-  over the task pool (``ceil(epochs x tasks x responses_per_task / rollout.global_batch)`` steps)."""
+  """φ_seed: critic-only updates on rollouts of the frozen actor, ``pipeline.critic_seed_epochs`` full
+  passes over the task pool: every task ``responses_per_task`` times per epoch, ``rollout.global_batch``
+  episodes per step (the last step of the phase may be smaller), no oversampling."""
   kind = "critic_seed"
 
-  def setup(self, actor_params):
-    super().setup(actor_params)
+  def setup(self, actor_params, step=0):
     p, r = self.cfg.pipeline, self.cfg.rollout
-    self.num_steps = math.ceil(p.critic_seed_epochs * len(self.ctx.tasks) * r.responses_per_task
-                               / r.global_batch)
+    self.total = p.critic_seed_epochs * len(self.ctx.tasks) * r.responses_per_task
+    self.num_steps = math.ceil(self.total / r.global_batch)
+    super().setup(actor_params, step)
+
+  def requests(self, state, i):
+    b = self.cfg.rollout.global_batch
+    idx = list(range(i * b, min((i + 1) * b, self.total)))
+    return idx, len(idx)
 
   def critic_only(self, i):
     return True
 
   def describe(self):
     return (f"{self.num_steps} critic-only rollout step(s) ({self.cfg.pipeline.critic_seed_epochs} epoch(s) "
-            f"over {len(self.ctx.tasks)} tasks), actor frozen, reward {self.cfg.reward.kind}, "
-            f"critic LR {self.cfg.critic_optim.learning_rate:g}")
+            f"over {len(self.ctx.tasks)} tasks), actor frozen, reward {self.cfg.reward.kind} (divisor table "
+            f"{self.table.digest}), critic LR {self.cfg.critic_optim.learning_rate:g}")
 
 
 class RPRPhase(RolloutPhase):
@@ -342,9 +462,9 @@ class RPRPhase(RolloutPhase):
   kind = "rpr"
   trains_actor = True
 
-  def setup(self, actor_params):
-    super().setup(actor_params)
+  def setup(self, actor_params, step=0):
     self.num_steps = self.cfg.pipeline.rollout_steps
+    super().setup(actor_params, step)
 
   def critic_only(self, i):
     return i < self.cfg.pipeline.critic_only_steps

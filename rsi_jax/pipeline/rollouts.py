@@ -3,11 +3,11 @@
 * :class:`TaskOrder` — a grain ``IndexSampler`` over the task pool (seeded shuffle, a new permutation each
   epoch): request index i of a phase always draws the same task, so the phase's rollout cursor (requests
   made so far) is the whole state of its data order, checkpointed with the weights.
-* :class:`SeededPolicy` — with ``rollout.deterministic``, every sampler request of an episode is seeded from
-  (run seed, phase, step, request index, call number), so an episode's tokens do not depend on what else the
-  sampler was doing or on whether the run was resumed.
-* :func:`collect` — submits ``rollout.requested`` episodes, keeps ``rollout.global_batch``: the first to
-  finish, or (deterministic) the first by request index.
+* :class:`RolloutPolicy` — the sampler as one episode sees it: abortable, and with ``rollout.deterministic``
+  every request seeded from (run seed, phase, step, request index, call number), so an episode's tokens do
+  not depend on what else the sampler was doing or on whether the run was resumed.
+* :func:`collect` — submits ``rollout.requested`` episodes, keeps ``rollout.global_batch`` (the first to
+  finish, or, deterministic, the first by request index) and stops the rest.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import hashlib
+import threading
 
 import grain.python as grain
 
+from rsi_jax.env.pool import EpisodeAborted
 from rsi_jax.policy import SamplingParams
 
 
@@ -46,37 +48,59 @@ class TaskOrder:
     return [self[i] for i in range(start, start + n)]
 
 
-@dataclasses.dataclass
-class SeededPolicy:
-  """A Policy whose n-th call of one episode samples with seed ``derive_seed(base, n)``."""
-  policy: object
-  base: int
-  calls: int = 0
+class RolloutPolicy:
+  """The policy one rollout episode talks to: the sampler, with
+
+  * an abort switch: once ``abort`` is set, the request in flight is cancelled in the sampler and every
+    call raises :class:`EpisodeAborted` (the pool then removes the container without verifying);
+  * with ``seed`` set (``rollout.deterministic``), the n-th call samples with ``derive_seed(seed, n)``."""
+
+  def __init__(self, sampler, abort: threading.Event, seed: int | None = None):
+    self.sampler, self.abort, self.seed = sampler, abort, seed
+    self.calls = 0
 
   @property
   def max_prompt_tokens(self):
-    return getattr(self.policy, "max_prompt_tokens", None)
+    return getattr(self.sampler, "max_prompt_tokens", None)
 
   def generate(self, prompt_ids, params: SamplingParams):
-    seed = derive_seed(self.base, self.calls)
+    if self.seed is not None:
+      params = dataclasses.replace(params, seed=derive_seed(self.seed, self.calls))
     self.calls += 1
-    return self.policy.generate(prompt_ids, dataclasses.replace(params, seed=seed))
+    if self.abort.is_set():
+      raise EpisodeAborted("aborted before a sampler call")
+    fut = self.sampler.submit(prompt_ids, params)
+    while True:
+      try:
+        return fut.result(timeout=0.05)
+      except cf.TimeoutError:
+        if self.abort.is_set():
+          self.sampler.cancel(fut)
+          raise EpisodeAborted("aborted during a sampler call") from None
+      except cf.CancelledError:
+        raise EpisodeAborted("sampler request cancelled") from None
 
 
 def collect(pool, jobs: list, used: int, *, deterministic: bool) -> tuple[list, int]:
-  """Run ``jobs`` ((task, harness) pairs, in request order) in ``pool``; return (the ``used`` results in
-  request order, how many were not used). Jobs not yet started when enough results are in are cancelled;
-  running ones finish and are discarded."""
-  futs = [pool.submit(t, h) for t, h in jobs]
+  """Run ``jobs`` ((task, harness, abort event) triples, in request order) in ``pool``; return (the ``used``
+  results, in request order, and how many episodes were stopped). Once ``used`` results are in (the first
+  to finish, or with ``deterministic`` the first by request index), the others are stopped: not-started
+  ones are cancelled, running ones aborted (sampler request cancelled, container removed, no verification),
+  and waited for, so none is left behind."""
+  futs = [pool.submit(t, h) for t, h, _ in jobs]
   if deterministic:
     got = [f.result() for f in futs[:used]]
+    keep = set(futs[:used])
   else:
-    done = set()
+    keep = set()
     for f in cf.as_completed(futs):
-      done.add(f)
-      if len(done) == used:
+      keep.add(f)
+      if len(keep) == used:
         break
-    got = [f.result() for f in futs if f in done]
-  for f in futs:
+    got = [f.result() for f in futs if f in keep]
+  rest = [(f, ev) for f, (_, _, ev) in zip(futs, jobs) if f not in keep]
+  for f, ev in rest:
+    ev.set()
     f.cancel()
-  return got, len(jobs) - len(got)
+  cf.wait([f for f, _ in rest if not f.cancelled()])
+  return got, len(rest)

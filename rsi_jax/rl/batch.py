@@ -4,10 +4,13 @@ Each linear segment of an episode is one row (summarization starts a new segment
 share its id). The row holds exactly the ids the sampler saw and produced; ``gen_mask`` and ``turn_ids`` come
 from the harness records, never from re-tokenized text.
 
-Reward placement: the episode's terminal reward sits on the *last generated token* of its final segment, with
-``done = 1`` there (the verifier ended the episode). Earlier segments end without ``done``; their last
-generated token continues into the first generated token of the next segment through ``next_row`` (the
-pipeline hands that row's TB-GAE carry across, Eq. 12), so summarization is not a terminal event.
+Reward placement: the episode's terminal reward sits on the *last generated token of the rollout*, with
+``done = 1`` there (the verifier ended the episode): that is the final segment's last generated token, or,
+when the final segment generated nothing (its first call was rejected as too long), the last generated
+token of the latest segment that did. Earlier segments end without ``done``; their last generated token
+continues into the first generated token of the next segment through ``next_row`` (the pipeline hands that
+row's TB-GAE carry across, Eq. 12, through segments without generated tokens), so summarization is not a
+terminal event.
 Episodes that ended in an infrastructure failure are masked out (``row_mask = 0``) and counted, never scored.
 """
 
@@ -30,6 +33,7 @@ class TrajectoryBatch(NamedTuple):
   rewards: np.ndarray  # float32: terminal reward on the last generated token of an episode's last segment
   dones: np.ndarray  # float32: 1 on that same token
   sampler_logprobs: np.ndarray  # float32: the sampler's logprobs (mismatch monitoring only)
+  weight_versions: np.ndarray  # int32: weight version that sampled each generated token, -1 elsewhere
   row_mask: np.ndarray  # (B,) float32: 0 for padding rows and masked (infrastructure-failure) episodes
   next_row: np.ndarray  # (B,) int32: the row continuing this one (next segment), -1 if none
 
@@ -42,12 +46,13 @@ class Sample:
   logprobs: np.ndarray  # (T,) float32 sampler logprobs on generated tokens
   turn_ids: np.ndarray  # (T,) int
   episode: int = 0  # index of the episode (rollout) it belongs to
+  weight_versions: np.ndarray | None = None  # (T,) int: version that sampled each generated token (-1 else)
 
 
 def episode_samples(segments: Sequence, episode: int) -> list[Sample]:
   """Samples from an episode's ``rsi_jax.env.harness.Segment`` records, in order."""
   return [Sample(np.asarray(s.ids), np.asarray(s.gen_mask, bool), np.asarray(s.logprobs, np.float32),
-                 np.asarray(s.turn_ids), episode) for s in segments]
+                 np.asarray(s.turn_ids), episode, np.asarray(s.weight_versions, np.int32)) for s in segments]
 
 
 def assemble_batch(episodes: Sequence[Sequence[Sample]], rewards: Sequence[float],
@@ -71,7 +76,7 @@ def assemble_batch(episodes: Sequence[Sequence[Sample]], rewards: Sequence[float
     raise ValueError(f"{len(episodes)} episodes but {len(train_mask)} train_mask entries")
   if pad_multiple <= 0:
     raise ValueError(f"pad_multiple must be > 0, got {pad_multiple}")
-  rows: list[tuple[Sample, float, bool, bool]] = []  # sample, reward, last segment?, trains?
+  rows: list[tuple[Sample, float, bool, bool]] = []  # sample, reward, holds the terminal token?, trains?
   nxt: list[int] = []
   for e, (segs, r, ok) in enumerate(zip(episodes, rewards, train_mask)):
     r = float(r)
@@ -79,10 +84,15 @@ def assemble_batch(episodes: Sequence[Sequence[Sample]], rewards: Sequence[float
       raise ValueError(f"episode {e}: reward {r} is not finite")
     for k, s in enumerate(segs):
       n = len(s.ids)
-      if not (len(s.gen_mask) == len(s.logprobs) == len(s.turn_ids) == n):
-        raise ValueError(f"episode {e} segment {k}: ids, gen_mask, logprobs and turn_ids differ in length")
+      if not (len(s.gen_mask) == len(s.logprobs) == len(s.turn_ids) == n) or (
+          s.weight_versions is not None and len(s.weight_versions) != n):
+        raise ValueError(f"episode {e} segment {k}: ids, gen_mask, logprobs, turn_ids and weight_versions "
+                         f"differ in length")
+    # the rollout's last generated token: in the last segment that generated anything
+    term = max([k for k, s in enumerate(segs) if np.asarray(s.gen_mask).any()], default=-1)
+    for k, s in enumerate(segs):
       last = k == len(segs) - 1
-      rows.append((s, r, last, bool(ok)))
+      rows.append((s, r, k == term, bool(ok)))
       nxt.append(len(rows) if not last else -1)
   b = len(rows) if num_rows is None else num_rows
   if b < len(rows):
@@ -98,9 +108,10 @@ def assemble_batch(episodes: Sequence[Sequence[Sample]], rewards: Sequence[float
   rew = np.zeros((b, t), np.float32)
   dones = np.zeros((b, t), np.float32)
   lps = np.zeros((b, t), np.float32)
+  versions = np.full((b, t), -1, np.int32)
   row_mask = np.zeros((b,), np.float32)
   next_row = np.full((b,), -1, np.int32)
-  for i, ((s, r, last, ok), nr) in enumerate(zip(rows, nxt)):
+  for i, ((s, r, terminal, ok), nr) in enumerate(zip(rows, nxt)):
     n = len(s.ids)
     tokens[i, :n] = s.ids
     positions[i, :n] = np.arange(n)
@@ -108,14 +119,16 @@ def assemble_batch(episodes: Sequence[Sequence[Sample]], rewards: Sequence[float
     gen = s.gen_mask.astype(bool)
     turn_ids[i, :n] = s.turn_ids
     lps[i, :n] = np.where(gen, s.logprobs, 0.0)
+    if s.weight_versions is not None:
+      versions[i, :n] = np.where(gen, s.weight_versions, -1)
     next_row[i] = nr
     if not ok:
       continue  # masked: no generated tokens train, no reward is placed
     row_mask[i] = 1.0
     gen_mask[i, :n] = gen
-    if last and gen.any():
+    if terminal:
       j = int(np.flatnonzero(gen)[-1])
       rew[i, j] = r
       dones[i, j] = 1.0
-  return TrajectoryBatch(tokens, positions, segment_ids, gen_mask, turn_ids, rew, dones, lps, row_mask,
-                         next_row)
+  return TrajectoryBatch(tokens, positions, segment_ids, gen_mask, turn_ids, rew, dones, lps, versions,
+                         row_mask, next_row)

@@ -61,6 +61,7 @@ class ServerStats:
   tokens: int = 0  # generated tokens delivered to requests
   busy_slot_steps: int = 0  # sum over decode steps of the number of occupied slots
   swaps: int = 0
+  cancelled: int = 0
 
 
 class SamplerServer:
@@ -112,6 +113,7 @@ class SamplerServer:
     self._closed = False
     self._error: BaseException | None = None
     self._slots: list[_Request | None] = [None] * engine.num_slots
+    self._cancelled_slots: list[int] = []  # freed by the loop thread (it owns the decode state)
     self._state = engine.init_decode_state()
     self._thread = threading.Thread(target=self._loop, name="sampler", daemon=True)
     self._thread.start()
@@ -186,6 +188,34 @@ class SamplerServer:
       self._cv.notify()
     return version
 
+  def cancel(self, future: Future) -> bool:
+    """Abort the request behind ``future`` (an aborted episode): a queued request is dropped, a running one
+    loses its slot at the next step. The future fails with :class:`concurrent.futures.CancelledError`.
+    Returns False if the request had already finished."""
+    with self._cv:
+      for req in self._queue:
+        if req.future is future:
+          self._queue.remove(req)
+          req.done = True
+          future.cancel()
+          self.stats.cancelled += 1
+          return True
+      for slot, req in enumerate(self._slots):
+        if req is not None and req.future is future and not req.done:
+          req.done = True
+          self._cancelled_slots.append(slot)
+          future.cancel()
+          self.stats.cancelled += 1
+          self._cv.notify()
+          return True
+    return False
+
+  @property
+  def in_flight(self) -> int:
+    """Requests queued or holding a slot."""
+    with self._cv:
+      return len(self._queue) + sum(r is not None and not r.done for r in self._slots)
+
   def wait_swapped(self, timeout: float | None = None) -> bool:
     """Block until no swap is pending (for tests and the pipeline's version bookkeeping)."""
     with self._cv:
@@ -218,6 +248,12 @@ class SamplerServer:
             self._cv.wait()
           if self._closed:
             break
+          for slot in self._cancelled_slots:  # cancelled requests give their slots back
+            req = self._slots[slot]
+            if req is not None and req.done:
+              self._state = self.engine.free(self._state, slot)
+              self._slots[slot] = None
+          self._cancelled_slots.clear()
           self._maybe_swap()
           admit = []
           while self._queue and self._pending_swap is None and None in self._slots:
@@ -290,6 +326,8 @@ class SamplerServer:
     tokens, logprobs, first = jax.device_get((result.tokens, result.logprobs,
                                               [(tok, lp) for _, _, tok, lp in admitted]))
     for (slot, req, _, _), (tok, lp) in zip(admitted, first):
+      if req.done:  # cancelled before its first token was read
+        continue
       if self._append(req, int(tok[0]), float(lp[0])):
         self._finish_slot(slot, req)
     for slot, req in enumerate(snapshot):

@@ -115,6 +115,23 @@ def test_summarization_starts_a_new_linear_segment(box, fixture_tasks, tokenizer
   assert seg0.ids.tolist() == s.prompt_ids.tolist() + s.sampled_ids.tolist()
 
 
+def test_no_summary_on_the_last_allowed_turn(box, fixture_tasks, tokenizer, renderer):
+  """Past the threshold on the last allowed action, the episode ends there: a summary nobody acts on would
+  take the terminal reward (the summary request is made only when another action follows)."""
+  task = fixture_tasks["harbor-greeting"]
+  probe = json_agent(tokenizer, renderer, [])
+  threshold = len(probe.initial_prompt(task)) + 60
+  replies = ['{"command": "seq 1 40"}', "summary", '{"command": "seq 1 40"}', "summary 2"]
+  run = json_agent(tokenizer, renderer, replies, summarize_threshold_tokens=threshold, max_turns=2).run(
+      box, task, deadline=time.time() + 60)
+  assert [t.kind for t in run.turns] == [TURN_ACTION, TURN_SUMMARY, TURN_ACTION]
+  assert run.stop_reason == STOP_MAX_TURNS and run.turns[-1].kind == TURN_ACTION
+  assert len(run.segments) == 2
+  run = json_agent(tokenizer, renderer, replies, summarize_threshold_tokens=threshold, max_turns=1).run(
+      box, task, deadline=time.time() + 60)
+  assert [t.kind for t in run.turns] == [TURN_ACTION] and len(run.segments) == 1
+
+
 def test_build_segment_rejects_non_linear_history(box, fixture_tasks, tokenizer, renderer):
   h = json_agent(tokenizer, renderer, ['{"command": "true"}'], max_turns=2)
   h.policy.default = '{"command": "true"}'

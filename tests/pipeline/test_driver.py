@@ -17,11 +17,11 @@ from rsi_jax.pipeline.phases import NoTrainableSamples
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
-PHASES = ["rsr1", "critic_seed", "rpr1", "rsr2"]
+PHASES = ["rsr1", "critic_seed", "rpr1", "rsr2", "rpr2"]
 TINY = ["run.progress=false", "mesh.ici_fsdp_parallelism=4", "mesh.ici_tensor_parallelism=2",
         "rollout.global_batch=4", "rollout.requested=5", "rollout.max_new_tokens=16", "env.max_turns=1",
-        "env.max_tasks=4", "pipeline.sft_epochs=2", "pipeline.rollout_steps=2", "pipeline.critic_only_steps=1",
-        "pipeline.checkpoint_every=1"]
+        "env.max_tasks=4", "pipeline.sft_epochs=2", "pipeline.rollout_steps=3", "pipeline.critic_only_steps=1",
+        "pipeline.checkpoint_every=1", "rl.minibatches=1"]
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,7 @@ def test_lineage_chains_phases_and_carries_the_critic(run):
   assert lineage[1]["actor_digest"] == lineage[0]["actor_digest"]
   assert lineage[3]["critic_digest"] == lineage[2]["critic_digest"]
   assert lineage[3]["actor_digest"] != lineage[2]["actor_digest"]
+  assert lineage[4]["started_from"]["critic"] == lineage[3]["output"]  # RPR-2 continues the carried critic
   assert lineage[2]["reward"] == "fdr" and lineage[2]["actor_lr"] == 5e-7  # the rpr1 phase file applied
   for e in lineage:
     assert len(e["config_digest"]) == 16 and e["code_version"]
@@ -64,7 +65,7 @@ def test_checkpoints_hold_params_and_fresh_optimizer_states(run):
   critic seed) and no actor optimizer (critic-only step)."""
   cfg, _, run_dir = run
   ck = run_dir / "checkpoints"
-  assert sorted(p.name for p in (ck / "rpr1").iterdir() if p.name.isdigit()) == ["1", "2"]
+  assert sorted(p.name for p in (ck / "rpr1").iterdir() if p.name.isdigit()) == ["1", "2", "3"]
   first = ck / "rpr1" / "1"
   assert {p.name for p in first.iterdir()} >= {"actor", "critic", "critic_opt", "meta"}
   assert not (first / "actor_opt").exists()
@@ -93,7 +94,7 @@ def test_final_checkpoint_restores_onto_the_mesh(run):
   assert params_digest(got["actor"]) == lineage[-1]["actor_digest"]
   # a phase folder resolves to its newest step
   again = restore_params(str(run_dir / "checkpoints" / "rsr2"), actor=actor.abstract_params)
-  assert params_digest(again["actor"]) == lineage[-1]["actor_digest"]
+  assert params_digest(again["actor"]) == lineage[3]["actor_digest"] != lineage[4]["actor_digest"]
   leaf = jax.tree.leaves(got["actor"])[0]
   assert leaf.sharding.mesh.shape == mesh.shape
 
@@ -110,13 +111,14 @@ def test_metrics_jsonl_has_every_field(run):
   _, _, run_dir = run
   recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
   assert [(r["phase"], r["step"]) for r in recs] == [
-      ("rsr1", 1), ("rsr1", 2), ("critic_seed", 1), ("rpr1", 1), ("rpr1", 2), ("rsr2", 1), ("rsr2", 2)]
-  assert [r["global_step"] for r in recs] == list(range(1, 8))
+      ("rsr1", 1), ("rsr1", 2), ("critic_seed", 1), ("rpr1", 1), ("rpr1", 2), ("rpr1", 3), ("rsr2", 1),
+      ("rsr2", 2), ("rpr2", 1), ("rpr2", 2), ("rpr2", 3)]
+  assert [r["global_step"] for r in recs] == list(range(1, 12))
   rpr = [r for r in recs if r["phase"] == "rpr1"]
   for r in rpr:
     missing = [k for k in RPR_FIELDS + (JOINT_FIELDS if r["train_actor"] else []) if k not in r]
     assert missing == [], missing
-    assert r["episodes"] == 4 and r["aborted_episodes"] == 1 and r["staleness"] == 0
+    assert r["episodes"] == 4 and r["aborted_episodes"] == 1 and r["episodes_started"] == 5
   assert "actor_grad_norm" not in rpr[0] and rpr[1]["actor_grad_norm"] > 0  # critic-only, then joint
   assert rpr[0]["train_actor"] == 0 and rpr[1]["train_actor"] == 1
   sft = [r for r in recs if r["kind"] == "rsr"]
@@ -167,6 +169,76 @@ def test_a_run_with_nothing_to_train_on_stops_with_the_reason(tmp_path, docker_c
         "env.max_tasks=2", "sampler.max_prefill_length=128", "sampler.prefill_buckets=[128]",
         "sampler.max_cache_length=256"]
   cfg = load_config(CONFIG_DIR / "smoke.yml", ov)
-  with pytest.raises(NoTrainableSamples, match=r"critic_seed step 1: none of the 4 episodes has a trainable "
+  with pytest.raises(NoTrainableSamples, match=r"critic_seed step 1: none of the 2 episodes has a trainable "
                                                r"generated token .*context_exhausted"):
     Driver(cfg, ov).run()
+
+
+def _rows(path):
+  return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+
+
+def test_one_batch_ahead_staleness_is_bounded_and_recorded(run):
+  """max_staleness=1 (the default): from the second step on, a step's episodes were collected while the
+  previous step trained; after a joint update they were sampled by the weights before it (staleness 1),
+  never older; per-token versions split mismatch from drift."""
+  cfg, _, run_dir = run
+  assert cfg.rollout.max_staleness == 1
+  for phase in ("rpr1", "rpr2"):
+    rpr = [r for r in _rows(run_dir / "metrics.jsonl") if r["phase"] == phase]
+    assert [r["collected_ahead"] for r in rpr] == [0, 1, 1]
+    assert all(r["staleness/max"] <= 1 and r["stale_episodes"] == 0 for r in rpr)
+    # step 3's episodes ran during step 2's joint update: sampled by the weights before it
+    assert rpr[2]["staleness/max"] == 1 and rpr[2]["drift/tokens"] > 0
+    assert rpr[2]["weight_version"] == rpr[1]["weight_version"] + 1
+    assert rpr[0]["staleness/max"] == rpr[1]["staleness/max"] == 0  # no actor update before them
+
+
+def test_oversampling_accounting(run):
+  _, _, run_dir = run
+  recs = [r for r in _rows(run_dir / "metrics.jsonl") if r["kind"] != "rsr"]
+  assert all(r["episodes_started"] == r["episodes"] + r["aborted_episodes"] for r in recs)
+  assert all(r["aborted_episodes"] == 1 for r in recs if r["kind"] == "rpr")
+  seed = [r for r in recs if r["kind"] == "critic_seed"]
+  assert all(r["aborted_episodes"] == 0 for r in seed)  # the critic seed runs each task, no oversampling
+
+
+def test_critic_seed_covers_every_task_once_with_the_actor_frozen(run):
+  cfg, _, run_dir = run
+  from rsi_jax.env import load_tasks
+  from rsi_jax.pipeline.driver import pick_tasks
+  pool = sorted(t.name for t in pick_tasks(load_tasks(cfg.env.tasks_dir), cfg.env.max_tasks))
+  rows = _rows(run_dir / "phases" / "critic_seed" / "outcomes.jsonl")
+  assert sorted(r["task"] for r in rows) == pool
+  lineage = _lineage(run_dir)
+  assert lineage[1]["actor_digest"] == lineage[0]["actor_digest"]
+
+
+def test_warmup_is_critic_only_steps_single_updates(run):
+  cfg, _, run_dir = run
+  for phase in ("rpr1", "rpr2"):
+    rpr = [r for r in _rows(run_dir / "metrics.jsonl") if r["phase"] == phase]
+    assert [r["train_actor"] for r in rpr] == [0, 1, 1]  # pipeline.critic_only_steps = 1 here
+    assert all(r["updates"] == 1 for r in rpr)  # rl.minibatches = ppo_epochs = 1: one update per step
+
+
+def test_reward_tables_calibrated_before_rpr1_and_recalibrated_before_rpr2(run):
+  import numpy as np
+  from rsi_jax.rl.divisors import load_divisor_table
+  cfg, _, run_dir = run
+  lineage = {e["phase"]: e for e in _lineage(run_dir)}
+  t1 = load_divisor_table(run_dir / "phases" / "rpr1" / "divisor_table.json")
+  t2 = load_divisor_table(run_dir / "phases" / "rpr2" / "divisor_table.json")
+  assert lineage["rpr1"]["reward_table_digest"] == t1.digest and t1.kind == "fdr"
+  assert lineage["rpr2"]["reward_table_digest"] == t2.digest and t2.kind == "spr"
+  assert "critic_seed" in t1.source and t2.parent == t1.digest and "rpr1" in t2.source
+  seed = [r for r in _rows(run_dir / "phases" / "critic_seed" / "outcomes.jsonl") if r["valid"]]
+  assert seed
+  for fam in {r["family"] for r in seed}:  # Eq. 6: the 0.9 quantile of the family's check counts
+    totals = [r["total"] for r in seed if r["family"] == fam]
+    assert t1.divisor(fam) == pytest.approx(float(np.quantile(totals, cfg.reward.calibration_quantile)))
+  # the rewards RPR-1 logged are FDR under that table
+  rows = [r for r in _rows(run_dir / "phases" / "rpr1" / "outcomes.jsonl") if r["valid"]]
+  assert rows
+  for r in rows:
+    assert r["reward"] == pytest.approx(r["passed"] / t1.divisor(r["family"]), rel=1e-5)

@@ -44,6 +44,8 @@ def test_plan_kinds_sources_and_phase_configs(tmp_path):
       "rollout.requested=8"], "mesh.ici_fsdp_parallelism: ICI axes multiply to 8"),
     (["mesh.ici_fsdp_parallelism=-1", "mesh.ici_tensor_parallelism=1", "rollout.global_batch=2",
       "rollout.requested=2"], "rollout.global_batch: 2 is not divisible by the mesh's batch shards (data x fsdp = 4"),
+    (["reward.divisor_table=configs/rewards/fallback-82.json", "pipeline.phases=[rpr2]"],
+     "configs/rewards/fallback-82.json is a table for 'fdr' rewards but phase rpr2 uses reward.kind='spr'"),
     (["pipeline.actor_from.rpr1={tmp}/no-ckpt"], "pipeline.actor_from.rpr1: checkpoint {tmp}/no-ckpt: does not exist"),
 ])
 def test_preflight_errors_are_one_line(tmp_path, ov, msg):

@@ -21,6 +21,7 @@ from rsi_jax.config import REPO_ROOT
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
 ARGS = ["--config=configs/smoke.yml", "pipeline.phases=[rsr1, rpr1]", "rollout.deterministic=true",
+        "rollout.max_staleness=0",
         "run.progress=false", "mesh.ici_fsdp_parallelism=2", "mesh.ici_tensor_parallelism=2",
         "rollout.global_batch=2", "rollout.requested=3", "env.max_tasks=2", "env.max_turns=2",
         "rollout.max_new_tokens=16", "pipeline.sft_epochs=2", "pipeline.rollout_steps=3",

@@ -59,8 +59,18 @@ def test_critic_only_then_joint(trainer):
   assert np.isfinite(m["loss"]) and "policy/loss" not in m
   assert _same(jax.device_get(state.actor), a_host), "critic-only step changed the actor"
   assert not _same(jax.device_get(state.critic), c_host), "critic-only step left the critic unchanged"
-  # the sampler's logprobs (-1 here) are only compared, never trained on
-  assert m["mismatch/abs_max"] > 0
+  # the sampler's logprobs (-1 here) are only compared, never trained on: the mismatch is |log π − (−1)|
+  # over the generated tokens, from an independent forward of the actor
+  lp = np.asarray(tr.actor.token_logprobs(a_host, batch.tokens, batch.positions, batch.segment_ids))
+  g = batch.gen_mask > 0
+  assert m["mismatch/abs_mean"] == pytest.approx(float(np.abs(lp[g] + 1).mean()), rel=1e-5)
+  assert m["mismatch/tokens"] == int(g.sum()) and m["drift/tokens"] == 0 and m["staleness/max"] == 0
+  # explained variance of the values TB-GAE used (before this step's update)
+  from rsi_jax.pipeline.rpr import chain_links, to_device_batch
+  from rsi_jax.rl.metrics import explained_variance
+  prep = tr._prepare(a_host, c_host, to_device_batch(batch), chain_links(batch))
+  ev = explained_variance(prep["old_values"], prep["returns"], batch.gen_mask)
+  assert m["value/explained_variance"] == pytest.approx(float(ev), abs=1e-6)
 
   state = tr.start_actor(state)
   c1 = jax.device_get(state.critic)
@@ -87,16 +97,24 @@ def test_joint_step_needs_an_actor_optimizer(trainer):
     tr.step(state, _batch(), train_actor=True)
 
 
-def test_minibatches_make_the_clip_live(trainer):
-  """With several minibatches against one π_old, later updates see ρ ≠ 1 (the clip can bind)."""
+def test_later_updates_see_the_changed_policy(trainer):
+  """Against one π_old, the first update has ρ = 1 exactly; a second PPO epoch sees the policy the first
+  one made (ρ far from 1, extremes over the whole step), so the clip can bind."""
   from rsi_jax.config import with_overrides
   tr, a0, c0 = _fresh(trainer)
-  tr2 = RPRTrainer(with_overrides(tr.cfg, {"rl": {"minibatches": 2, "ppo_epochs": 2}}), tr.actor, tr.critic)
-  state = tr2.start_actor(tr2.init_state(a0, c0, train_actor=False))
-  state, m = tr2.step(state, _batch(), train_actor=True)
-  assert m["updates"] == 4 and int(state.step) == 4
-  assert m["policy/ratio_max"] > 1.0 or m["policy/ratio_min"] < 1.0
-  assert m["policy/approx_kl"] > 0
+  cfg = with_overrides(tr.cfg, {"actor_optim": {"learning_rate": 1e-2}})
+  one = RPRTrainer(cfg, tr.actor, tr.critic)
+  state = one.start_actor(one.init_state(a0, c0, train_actor=False))
+  _, m1 = one.step(state, _batch(), train_actor=True)
+  assert m1["updates"] == 1
+  assert abs(m1["policy/ratio_max"] - 1) < 1e-5 and abs(m1["policy/ratio_min"] - 1) < 1e-5
+  tr, a0, c0 = _fresh(trainer)
+  two = RPRTrainer(with_overrides(cfg, {"rl": {"ppo_epochs": 2}}), tr.actor, tr.critic)
+  state = two.start_actor(two.init_state(a0, c0, train_actor=False))
+  state, m2 = two.step(state, _batch(), train_actor=True)
+  assert m2["updates"] == 2 and int(state.step) == 2
+  assert max(m2["policy/ratio_max"] - 1, 1 - m2["policy/ratio_min"]) > 1e-2
+  assert m2["policy/approx_kl"] > 1e-6
   with pytest.raises(ValueError, match="does not split into rl.minibatches=3"):
     RPRTrainer(with_overrides(tr.cfg, {"rl": {"minibatches": 3}}), tr.actor, tr.critic).step(
         state, _batch(), train_actor=True)
@@ -111,10 +129,41 @@ def test_non_finite_update_is_skipped_counted_and_leaves_the_weights(trainer):
   bad = _batch()
   bad.rewards[0, np.flatnonzero(bad.dones[0])[0]] = np.nan
   state, m = tr.step(state, bad, train_actor=True)
-  assert m["skipped_updates"] == m["updates"] == 1
+  assert m["skipped_updates"] == 1 and m["updates"] == 0  # made no update
   after = jax.device_get((state.actor, state.critic, state.actor_opt, state.critic_opt))
   assert jax.tree.structure(after) == jax.tree.structure(before)
   assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(after), jax.tree.leaves(before)))
   # the next good batch trains as usual
   state, m = tr.step(state, _batch(), train_actor=True)
   assert m["skipped_updates"] == 0 and not _same(jax.device_get(state.actor), before[0])
+
+
+def test_minibatch_without_trainable_tokens_makes_no_update(trainer):
+  """Every episode masked (infrastructure failures): no optimizer update at all (AdamW would otherwise still
+  move the weights through weight decay), counted as empty."""
+  tr, a0, c0 = _fresh(trainer)
+  state = tr.start_actor(tr.init_state(a0, c0, train_actor=False))
+  before = jax.device_get((state.actor, state.critic, state.actor_opt, state.critic_opt))
+  b = _batch()
+  masked = assemble_batch([[Sample(b.tokens[i], np.ones(len(b.tokens[i]), bool), b.sampler_logprobs[i],
+                                   b.turn_ids[i], i)] for i in range(4)],
+                          rewards=[0.0] * 4, train_mask=[False] * 4, pad_multiple=16)
+  state, m = tr.step(state, masked, train_actor=True)
+  assert m["empty_updates"] == 1 and m["updates"] == 0 and m["skipped_updates"] == 0
+  after = jax.device_get((state.actor, state.critic, state.actor_opt, state.critic_opt))
+  assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(after), jax.tree.leaves(before)))
+
+
+def test_token_versions_split_mismatch_from_drift():
+  from rsi_jax.pipeline.rpr import token_version_metrics
+  b = _batch()
+  versions = np.where(b.gen_mask > 0, 7, -1).astype(np.int32)
+  rows_old = [0, 2]
+  versions[rows_old] = np.where(b.gen_mask[rows_old] > 0, 6, -1)
+  b = b._replace(weight_versions=versions)
+  train = b.sampler_logprobs + np.where(versions == 7, 0.25, 0.0) + np.where(versions == 6, 2.0, 0.0)
+  m = token_version_metrics(train.astype(np.float32), b, version=7)
+  g = b.gen_mask > 0
+  assert m["mismatch/abs_mean"] == pytest.approx(0.25) and m["drift/abs_mean"] == pytest.approx(2.0)
+  assert m["mismatch/tokens"] + m["drift/tokens"] == int(g.sum())
+  assert m["staleness/max"] == 1 and m["staleness/mean"] == pytest.approx(m["drift/tokens"] / g.sum())

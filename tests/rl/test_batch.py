@@ -84,3 +84,44 @@ def test_linked_segments_equal_one_unsplit_row(gamma_turn, lambda_turn):
   # without the link the first segment would be cut (its last advantage differs)
   r_cut = linked_tb_gae(jnp.asarray(v_linked), to_device_batch(linked), gamma_turn, lambda_turn, 0)
   assert not np.allclose(np.asarray(r_cut.advantages)[0, :8], got[:8])
+
+
+@pytest.mark.parametrize("empty_last", [True, False])
+def test_segment_without_generated_tokens_keeps_reward_and_link(empty_last):
+  """A segment whose first call was rejected (no generated token) sits last or between two segments: the
+  reward and done land on the rollout's last generated token, and linked TB-GAE carries through the empty
+  segment, so the rollout trains exactly as one unsplit row."""
+  seg1 = _sample([0, 1, 1, 0, 1, 0], [-1, 0, 0, 0, 1, 1], seed=3)
+  empty = _sample([0, 0, 0, 0], [1, 1, 1, 1], seed=4)
+  seg3 = _sample([0, 1, 1, 0, 1], [1, 2, 2, 2, 3], seed=5)
+  segs = [seg1, seg3, empty] if empty_last else [seg1, empty, seg3]
+  b = assemble_batch([segs], rewards=[0.9])
+  term_row = 1 if empty_last else 2
+  j = int(np.flatnonzero(b.gen_mask[term_row])[-1])
+  assert b.rewards[term_row, j] == pytest.approx(0.9) and b.dones[term_row, j] == 1
+  assert b.dones.sum() == 1 and b.rewards.sum() == pytest.approx(0.9)
+  # against one unsplit row holding only the segments with generated tokens
+  real = [seg1, seg3]
+  whole = Sample(*(np.concatenate([getattr(s, f) for s in real]) for f in ("ids", "gen_mask", "logprobs",
+                                                                            "turn_ids")))
+  one = assemble_batch([[whole]], rewards=[0.9])
+  rng = np.random.default_rng(1)
+  v_one = rng.normal(size=one.tokens.shape).astype(np.float32)
+  v = np.zeros(b.tokens.shape, np.float32)
+  rows = {id(s): r for r, s in enumerate(segs)}
+  v[rows[id(seg1)], :6], v[rows[id(seg3)], :5] = v_one[0, :6], v_one[0, 6:11]
+  v[rows[id(empty)], :4] = rng.normal(size=4)  # never read: no generated token there
+  res = linked_tb_gae(jnp.asarray(v), to_device_batch(b), 0.9, 0.8, chain_links(b))
+  d = to_device_batch(one)
+  ref = tb_gae(jnp.asarray(v_one), d["rewards"], d["turn_ids"], d["gen_mask"], d["dones"], 0.9, 0.8)
+  adv = np.asarray(res.advantages)
+  got = np.concatenate([adv[rows[id(seg1)], :6], adv[rows[id(seg3)], :5]])
+  np.testing.assert_allclose(got, np.asarray(ref.advantages)[0, :11], rtol=1e-6, atol=1e-6)
+
+
+def test_weight_versions_are_kept_per_token():
+  s = _sample([0, 1, 1, 0, 1], [-1, 0, 0, 0, 1])
+  s = Sample(s.ids, s.gen_mask, s.logprobs, s.turn_ids, 0, np.array([-1, 4, 4, -1, 5], np.int32))
+  b = assemble_batch([[s], [_sample([0, 1], [-1, 0])]], rewards=[1.0, 0.0], pad_multiple=8)
+  assert b.weight_versions[0].tolist() == [-1, 4, 4, -1, 5, -1, -1, -1]
+  assert (b.weight_versions[1] == -1).all()  # no versions recorded

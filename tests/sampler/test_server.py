@@ -180,3 +180,29 @@ def test_close_fails_requests_in_flight(engine, actor_params):
   assert all(e is None or isinstance(e, RuntimeError) for e in errors)
   with pytest.raises(RuntimeError, match="closed"):
     s.submit([1, 2], P.SamplingParams())
+
+
+def test_cancel_frees_queued_and_running_requests(server, actor_params):
+  """An aborted episode's request: queued ones are dropped, running ones give their slot back at the next
+  step; their futures are cancelled, the others complete as if nothing happened."""
+  from concurrent.futures import CancelledError
+  long = P.SamplingParams(max_new_tokens=10_000, seed=3)  # ends when the slot's cache is full
+  ref = server.generate(prompt(5, 99), P.SamplingParams(max_new_tokens=6, seed=7))
+  p0 = server.stats.prefills
+  running = [server.submit(prompt(4 + i, 50 + i), long) for i in range(NUM_SLOTS)]
+  queued = [server.submit(prompt(6, 70 + i), long) for i in range(2)]
+  while server.stats.prefills < p0 + NUM_SLOTS:
+    time.sleep(0.0005)
+  with server._cv:  # the loop pauses at its next turn
+    assert not running[1].done() and not queued[0].done() and server.in_flight == NUM_SLOTS + 2
+    assert server.cancel(queued[0]) and server.cancel(running[1])
+  with pytest.raises(CancelledError):
+    queued[0].result()
+  with pytest.raises(CancelledError):
+    running[1].result()
+  again = server.submit(prompt(5, 99), P.SamplingParams(max_new_tokens=6, seed=7)).result(timeout=60)
+  np.testing.assert_array_equal(again.token_ids, ref.token_ids)  # served in a freed slot, unaffected
+  rest = [f.result(timeout=60) for f in running[:1] + running[2:] + queued[1:]]
+  assert all(c.finish_reason == P.FINISH_CACHE for c in rest)
+  assert not server.cancel(running[0])  # already finished
+  assert server.stats.cancelled == 2 and server.in_flight == 0
