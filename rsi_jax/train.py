@@ -60,8 +60,8 @@ def main(argv):
       console.line(f"run failed: {type(e).__name__}: {e} (traceback in {log_path})")
       return 1
     console.line(
-        f"done in {r['seconds']:.0f}s{' (resumed)' if r['resumed'] else ''}: {r['episodes']} episodes, "
-        f"{r['infra_failures']} infrastructure failures (masked)\n"
+        f"done in {r['seconds']:.0f}s{' (resumed)' if r['resumed'] else ''}: {r['episodes']} episodes "
+        f"({r['aborted']} stopped by oversampling), {r['infra_failures']} infrastructure failures (masked)\n"
         f"  final weights  {r['final']}\n"
         f"  checkpoints    {r['checkpoints']}/<phase>/<step>/ (Orbax: actor, critic, optimizer states, meta)\n"
         f"  lineage        {r['lineage']}\n"

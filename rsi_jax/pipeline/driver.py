@@ -342,6 +342,7 @@ class Driver:
             "metrics": str(rd / "metrics.jsonl"), "tensorboard": str(rd / "tensorboard"),
             "plots": str(rd / "plots"), "plot_files": plots, "final": prev["output"] if prev else None,
             "episodes": counts.pop("episodes", 0), "infra_failures": counts.pop("infra_failures", 0),
+            "aborted": counts.pop("aborted", 0),
             "seconds": time.time() - t0, "resumed": resumed}
 
   def _write_config(self, rd, resumed: bool):
