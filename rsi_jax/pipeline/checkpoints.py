@@ -15,18 +15,11 @@ after SIGKILL. Paths go to Orbax unchanged: ``gs://...`` URLs work where the sto
 
 from __future__ import annotations
 
-import logging
-
 import jax
 import orbax.checkpoint as ocp
 
 from rsi_jax.models.checkpoint import join, local_or_url
 from rsi_jax.models.optim import TrainState, opt_state_shardings
-
-log = logging.getLogger(__name__)
-
-PARAM_ITEMS = ("actor", "critic")
-OPT_ITEMS = ("actor_opt", "critic_opt")
 
 
 class PhaseCheckpoints:
