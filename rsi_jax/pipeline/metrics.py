@@ -28,6 +28,22 @@ PLOTS = {
 SMOOTH = 5  # the causal mean of the plots: the point and up to four before it
 
 
+def read_jsonl(path) -> list[dict]:
+  """The records of a JSON-lines file ([] if it does not exist); a last line cut by a kill mid-write is
+  dropped."""
+  path = epath.Path(path)
+  if not path.exists():
+    return []
+  out = []
+  for line in path.read_text().splitlines():
+    if line.strip():
+      try:
+        out.append(json.loads(line))
+      except json.JSONDecodeError:
+        pass
+  return out
+
+
 def causal_mean(ys: list[float], window: int = SMOOTH) -> list[float]:
   """y'_i = mean(y_{max(0, i-window+1)} .. y_i), ignoring NaNs (NaN only if the whole window is)."""
   out = []
@@ -43,14 +59,7 @@ class MetricLogger:
   def __init__(self, run_dir: str, *, tensorboard: bool = True):
     self.dir = epath.Path(run_dir)
     self.path = self.dir / "metrics.jsonl"
-    self.records: list[dict] = []
-    if self.path.exists():
-      for line in self.path.read_text().splitlines():
-        if line.strip():
-          try:
-            self.records.append(json.loads(line))
-          except json.JSONDecodeError:  # a line cut by a kill mid-write: dropped
-            pass
+    self.records: list[dict] = read_jsonl(self.path)
     self._tb = None
     if tensorboard:
       from tensorboardX import SummaryWriter

@@ -31,6 +31,7 @@ from etils import epath
 
 from rsi_jax.config import Config
 from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, make_train_step, masked_nll_loss
+from rsi_jax.pipeline.metrics import read_jsonl
 from rsi_jax.pipeline.rollouts import RolloutPolicy, TaskOrder, collect, derive_seed
 from rsi_jax.policy import SamplingParams
 from rsi_jax.rl.batch import Sample, assemble_batch, episode_samples
@@ -270,7 +271,7 @@ class RolloutPhase(Phase):
     self.ctx.serve(actor_params)
     self.table = self._reward_table()
     if self.outcomes.exists():  # resuming: drop the outcomes of steps about to be redone
-      rows = [json.loads(x) for x in self.outcomes.read_text().splitlines() if x.strip()]
+      rows = read_jsonl(self.outcomes)
       self.outcomes.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
 
   def _reward_table(self):
@@ -290,8 +291,7 @@ class RolloutPhase(Phase):
       table = divisor_table_from_config(r)
     else:
       rollout_dirs = [(n, k, epath.Path(d)) for n, k, d in self.earlier if k in ("critic_seed", "rpr")]
-      rows = lambda d: [json.loads(x) for x in (d / "outcomes.jsonl").read_text().splitlines() if x.strip()] \
-          if (d / "outcomes.jsonl").exists() else []  # noqa: E731
+      rows = lambda d: read_jsonl(d / "outcomes.jsonl")  # noqa: E731
       prev_rpr = [(n, d) for n, k, d in rollout_dirs if k == "rpr" and (d / "divisor_table.json").exists()]
       if r.kind == "spr" and prev_rpr:
         n, d = prev_rpr[-1]
@@ -373,7 +373,7 @@ class RolloutPhase(Phase):
     else:
       fut, ahead = self._start(state, i)[0], False
     eps, aborted, started, t_roll = fut.result()
-    state = dataclasses.replace(state, cursor=state.cursor + len(self.requests(state, i)[0]))
+    state = dataclasses.replace(state, cursor=state.cursor + started)
     # one batch ahead (§3.1): the next step's episodes run on the current weights while this step trains
     if cfg.rollout.max_staleness > 0 and i + 1 < self.num_steps:
       self._ahead = (i + 1, *self._start(state, i + 1))
