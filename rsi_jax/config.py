@@ -331,16 +331,30 @@ class EnvConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RSRConfig:
-  num_runbooks: int = 4  # K  -- RESERVED (not yet in effect): runbook planning
-  num_repeats: int = 4  # M  -- RESERVED (not yet in effect): fresh execution
-  harnesses: tuple = ("json", "xml")  # RESERVED (not yet in effect): multi-harness discovery
-  target_harness: str = "json"  # H0: the harness the stored SFT trajectories are run under
+  """The RSR funnel (paper §2.1, App. D; :mod:`rsi_jax.rsr`)."""
+  harnesses: tuple = ("json", "xml")  # H: the harnesses discovery runs every task under
+  discovery_attempts: int = 1  # discovery episodes per task and harness
+  num_runbooks: int = 4  # K: runbooks planned per verified discovery
+  num_repeats: int = 4  # M: fresh executions per accepted runbook
+  target_harness: str = "json"  # H0: fresh execution and the stored SFT trajectories
+  policy: str = "actor"  # actor | scripted (a test double that knows the reference solutions: smoke runs, tests)
+  judge: bool = False  # also ask the actor to review runbooks the rules accept (it can only reject)
+  plan_template: str = "configs/rsr/plan.md"  # I_plan
+  exec_template: str = "configs/rsr/exec.md"  # I_exec
+  judge_template: str = "configs/rsr/judge.md"
+  runbook_max_tokens: int = 1024  # the planner's completion limit
+  transcript_output_chars: int = 2000  # C(τ): each command's output cut to this many characters
 
   def validate(self, p):
-    _check(self.num_runbooks > 0, f"{p}.num_runbooks", "must be > 0")
-    _check(self.num_repeats > 0, f"{p}.num_repeats", "must be > 0")
-    _check(self.target_harness in ("json", "xml"), f"{p}.target_harness",
-           f"must be json/xml, got {self.target_harness!r}")
+    known = ("json", "xml")
+    _check(len(self.harnesses) > 0 and all(h in known for h in self.harnesses)
+           and len(set(self.harnesses)) == len(self.harnesses), f"{p}.harnesses",
+           f"must list distinct harnesses of {list(known)}, got {list(self.harnesses)}")
+    for k in ("discovery_attempts", "num_runbooks", "num_repeats", "runbook_max_tokens",
+              "transcript_output_chars"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    _check(self.target_harness in known, f"{p}.target_harness", f"must be json/xml, got {self.target_harness!r}")
+    _check(self.policy in ("actor", "scripted"), f"{p}.policy", f"must be actor/scripted, got {self.policy!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -408,9 +422,6 @@ RESERVED_KEYS = {
     "rollout.max_input_tokens": "chunked prefill is not implemented yet (sampler.max_prefill_length is the limit)",
     "pipeline.micro_batch": "gradient accumulation is not implemented yet",
     "pipeline.eval_every": "in-training evaluation is not implemented yet",
-    "rsr.num_runbooks": "runbook planning is not implemented yet",
-    "rsr.num_repeats": "fresh runbook execution is not implemented yet",
-    "rsr.harnesses": "multi-harness discovery is not implemented yet",
 }
 
 

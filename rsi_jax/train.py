@@ -24,8 +24,13 @@ FLAGS = flags.DEFINE_string("config", "configs/smoke.yml", "Run config file (YAM
 
 
 def main(argv):
-  overrides = argv[1:]
-  cfg = load_cli_config(FLAGS.value, overrides)
+  return run_program(FLAGS.value, argv[1:])
+
+
+def run_program(config_path: str, overrides, after=None) -> int:
+  """Run the configured phase plan (the training program); ``after(result, console)`` is called when it
+  finished. Returns the exit status."""
+  cfg = load_cli_config(config_path, overrides)
   # heavy imports only after the config is known to be valid
   from rsi_jax.pipeline.driver import (Console, Driver, InvariantError, Preempted, PreflightError, preflight,
                                        run_dir_of)
@@ -38,7 +43,7 @@ def main(argv):
     log_path = os.path.join(run_dir, "train.log")
   with LibraryOutputToFile(log_path) as out:
     setup_logging(cfg.run.log_level)
-    logging.info("config %s with %d override(s)\n%s", FLAGS.value, len(overrides), dump_config(cfg))
+    logging.info("config %s with %d override(s)\n%s", config_path, len(overrides), dump_config(cfg))
     try:
       preflight(cfg, overrides)
     except PreflightError as e:
@@ -69,6 +74,8 @@ def main(argv):
         f"  tensorboard    {r['tensorboard']}  (tensorboard --logdir {r['tensorboard']})\n"
         f"  plots          {r['plots']}/ ({len(r['plot_files'])} PNG)\n"
         f"  log            {log_path}")
+    if after is not None:
+      after(r, console)
   return 0
 
 

@@ -151,8 +151,11 @@ class ChatHarness(Harness):
 
   def __init__(self, policy: Policy, renderer, sampling: SamplingParams, *, max_turns: int = 32,
                command_timeout_s: float = 60.0, summarize_threshold_tokens: int = 32_000,
-               output_cap_bytes: int = 10_000, max_summaries: int = 8):
+               output_cap_bytes: int = 10_000, max_summaries: int = 8, guidance=None):
     self.policy = policy
+    # Private guidance (RSR fresh execution: I_exec ⊕ x_pub ⊕ b): a function task -> the user message that
+    # replaces the public instruction in every segment's initial prompt. None: the public instruction.
+    self.guidance = guidance
     self.renderer = renderer
     self.sampling = sampling
     self.max_turns = max_turns
@@ -175,8 +178,10 @@ class ChatHarness(Harness):
 
   # -- loop
 
-  def initial_prompt(self, task: Task, summary: str | None = None) -> list[int]:
-    user = task.instruction.strip()
+  def initial_prompt(self, task: Task, summary: str | None = None, private: bool = True) -> list[int]:
+    """The first prompt of a segment: system prompt, the instruction (or, with ``private`` and a
+    ``guidance``, the private guidance), the summary of earlier segments if any."""
+    user = self.guidance(task).strip() if private and self.guidance is not None else task.instruction.strip()
     if summary is not None:
       user += "\n\nYou already worked on this task; summary of your progress so far:\n" + summary.strip()
     msgs = [{"role": "system", "content": self.system_prompt()}, {"role": "user", "content": user}]
@@ -293,8 +298,9 @@ HARNESSES = {"json": JsonHarness, "xml": XmlHarness, "oracle": OracleHarness}
 
 
 def make_harness(name: str, policy: Policy | None = None, renderer=None,
-                 sampling: SamplingParams | None = None, env_cfg=None) -> Harness:
-  """A harness by name (``json`` | ``xml`` | ``oracle``), configured from an ``EnvConfig``."""
+                 sampling: SamplingParams | None = None, env_cfg=None, guidance=None) -> Harness:
+  """A harness by name (``json`` | ``xml`` | ``oracle``), configured from an ``EnvConfig``; ``guidance``:
+  see :class:`ChatHarness`."""
   if name not in HARNESSES:
     raise ValueError(f"unknown harness {name!r} (known: {sorted(HARNESSES)})")
   if name == "oracle":
@@ -306,7 +312,7 @@ def make_harness(name: str, policy: Policy | None = None, renderer=None,
     kw = dict(max_turns=env_cfg.max_turns, command_timeout_s=env_cfg.command_timeout_s,
               summarize_threshold_tokens=summarize_threshold(env_cfg.summarize_threshold_tokens, policy),
               output_cap_bytes=env_cfg.output_cap_bytes)
-  return HARNESSES[name](policy, renderer, sampling or SamplingParams(), **kw)
+  return HARNESSES[name](policy, renderer, sampling or SamplingParams(), guidance=guidance, **kw)
 
 
 def summarize_threshold(threshold: int, policy) -> int:

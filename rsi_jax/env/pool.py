@@ -104,6 +104,24 @@ class EpisodeResult:
         out.append({"role": "tool", "content": t.observation})
     return out
 
+  def messages(self) -> list[dict]:
+    """The agent's side of the chat, harness-control messages included (malformed-action notices, summary
+    requests, summaries): [{"role": "assistant" | "tool" | "user", "content": str}, ...], as the harness
+    rendered them (the system prompt and the instruction are not repeated). What
+    :func:`rsi_jax.rsr.strip_control` cleans and :func:`rsi_jax.rsr.screen_trajectory` screens."""
+    from rsi_jax.env.harness import _summary_request
+    out = []
+    for i, t in enumerate(self.turns):
+      if t.kind == "summary":  # the request carries the last observation (one user message)
+        out.append({"role": "user", "content": _summary_request(self.turns[i - 1]) if i else ""})
+        out.append({"role": "assistant", "content": t.text})
+        continue
+      out.append({"role": "assistant", "content": t.text})
+      summary_next = i + 1 < len(self.turns) and self.turns[i + 1].kind == "summary"
+      if (t.error or t.command is not None) and not summary_next:
+        out.append({"role": "tool", "content": t.observation})
+    return out
+
   def to_dict(self) -> dict:
     """A JSON-serializable record (no token arrays) for logs and trajectory tables."""
     d = self.summary()

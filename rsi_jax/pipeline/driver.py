@@ -144,6 +144,13 @@ def preflight(cfg: Config, cli_overrides: Sequence[str] = (), num_devices: int |
         raise PreflightError(f"reward.divisor_table: {c.reward.divisor_table} is a table for {table.kind!r} "
                              f"rewards but phase {spec.name} uses reward.kind={c.reward.kind!r} (set the "
                              f"table per phase with pipeline.phase_overrides)")
+    if spec.kind == "rsr":
+      from rsi_jax.rsr.runbook import load_template
+      for key in ("plan_template", "exec_template") + (("judge_template",) if c.rsr.judge else ()):
+        try:
+          load_template(getattr(c.rsr, key))
+        except FileNotFoundError as e:
+          raise PreflightError(f"rsr.{key} (phase {spec.name}): {e}") from None
     for src_key, src in (("actor_from", spec.actor_from), ("critic_from", spec.critic_from)):
       if src not in (PREVIOUS, INIT):
         try:
@@ -396,7 +403,7 @@ class Driver:
       carried = trees.get("critic") if not phase.uses_critic else None
       if not phase.uses_critic:
         train = train._replace(critic=None)
-      state = PhaseState(train, seed=int(meta["seed"]), cursor=int(meta["cursor"]))
+      state = PhaseState(train, seed=int(meta["seed"]), cursor=int(meta["cursor"]), data=meta.get("data_state"))
       started_from, start_digest = meta["started_from"], meta.get("critic_digest_at_start")
       self.console.line(f"[{spec.name}] resuming after step {latest} ({ckpts.step_dir(latest)})")
     else:
@@ -422,9 +429,12 @@ class Driver:
     self.metrics.truncate(list(self.cfg.pipeline.phases), spec.name, latest)
     self.console.line(f"[{spec.name}] {spec.kind}: {phase.describe()}; weights: actor <- "
                       f"{started_from['actor']}, critic <- {started_from['critic']}")
+    for line in phase.report().splitlines():
+      self.console.line(f"[{spec.name}]   {line}")
 
     def meta():
-      return {"phase": spec.name, "seed": state.seed, "cursor": state.cursor, "started_from": started_from,
+      return {"phase": spec.name, "seed": state.seed, "cursor": state.cursor, "data_state": state.data,
+              "started_from": started_from,
               "critic_digest_at_start": start_digest, "reward_table_digest": phase.reward_digest(),
               "config_digest": config_digest(cfg)}
 
@@ -446,6 +456,8 @@ class Driver:
         if preempt and i + 1 < n:
           ckpts.wait()
           raise Preempted(ckpts.step_dir(i + 1))
+      if n == 0 and ckpts.latest_step() is None:  # nothing to train on: the phase's output is its input
+        ckpts.save(0, full(state.train), meta())
       ckpts.wait()
     finally:
       self.console.close_bar()
@@ -458,7 +470,7 @@ class Driver:
              "reward": cfg.reward.kind if spec.kind != "rsr" else None,
              "actor_lr": cfg.actor_optim.learning_rate if phase.trains_actor else None,
              "critic_lr": cfg.critic_optim.learning_rate if phase.uses_critic else None,
-             "code_version": code_version(), "seconds": round(time.time() - t0, 1)}
+             "code_version": code_version(), "seconds": round(time.time() - t0, 1), **phase.lineage_extra()}
     if not phase.uses_critic and entry["critic_digest"] != start_digest:
       # Invariant: Δφ = 0 across a phase that does not train the critic (RSR).
       raise InvariantError(f"{spec.name}: the critic changed across an actor-only phase (digest "

@@ -14,7 +14,7 @@ checkpoints, resume, metrics and the console. The interface (:class:`Phase`):
 Kinds: :class:`RSRPhase` (actor-only SFT on verified trajectories, Eq. 3; the critic is not given to it and
 the driver checks it comes out unchanged), :class:`CriticSeedPhase` (critic-only updates on rollouts of the
 frozen actor) and :class:`RPRPhase` (``pipeline.critic_only_steps`` critic-only steps, then joint PPO).
-RSR's discovery is a :class:`Discovery` object; the RSR funnel plugs in there without touching the driver.
+RSR runs the funnel of :mod:`rsi_jax.rsr` in ``setup`` and trains on what it accepts.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, m
 from rsi_jax.pipeline.metrics import read_jsonl
 from rsi_jax.pipeline.rollouts import RolloutPolicy, TaskOrder, collect, derive_seed
 from rsi_jax.policy import SamplingParams
-from rsi_jax.rl.batch import Sample, assemble_batch, episode_samples
+from rsi_jax.rl.batch import Sample, assemble_batch, episode_samples, load_samples
 
 
 class InvariantError(RuntimeError):
@@ -78,6 +78,7 @@ class PhaseState:
   train: TrainState
   seed: int  # the phase's RNG seed (task order, SFT order, per-request sampling seeds)
   cursor: int = 0  # rollout requests made so far in this phase (the data order's position)
+  data: dict | None = None  # a data iterator's state (RSR: Q_clean's grain iterator), checkpointed with it
 
 
 class Phase:
@@ -111,37 +112,27 @@ class Phase:
   def reward_digest(self) -> str | None:
     return None
 
+  def report(self) -> str:
+    """Lines for the console after ``setup`` (RSR: the funnel table)."""
+    return ""
+
+  def lineage_extra(self) -> dict:
+    """What the phase adds to its lineage entry."""
+    return {}
+
 
 # ------------------------------------------------------------------------------------------------ RSR
 
 
-class Discovery:
-  """RSR discovery (§2.1): (task, trajectory, harness) triples the protected verifier passed, as token
-  records under the target harness. This one replays each task's reference solution through the target
-  harness (a scripted policy): the verified data a random-init or small actor cannot yet find itself."""
-  description = "reference solutions replayed through the target harness"
-
-  def __call__(self, ctx: RunContext, cfg: Config, actor_params) -> list:
-    from rsi_jax.env import ScriptedPolicy, make_harness
-    from rsi_jax.env.harness import oracle_commands
-
-    def harness_for(task):
-      policy = ScriptedPolicy(ctx.tokenizer, [json.dumps({"command": oracle_commands(task), "done": False}),
-                                              '{"done": true}'])
-      return make_harness(cfg.rsr.target_harness, policy, ctx.renderer, SamplingParams(max_new_tokens=4096),
-                          env_cfg=dataclasses.replace(cfg.env, max_turns=3))
-
-    tasks = [t for t in ctx.tasks if t.solution is not None]
-    results = ctx.pool.run([(t, harness_for(t)) for t in tasks])
-    return [r for r in results if r.success == 1 and r.segments]
-
-
 class RSRPhase(Phase):
-  """Actor-only SFT (Eq. 3, masked to generated tokens) on the discovered verified trajectories:
-  ``pipeline.sft_epochs`` passes, ``rollout.global_batch`` trajectories per update, a seeded order."""
+  """Recursive Self-Rewrite: the funnel of :mod:`rsi_jax.rsr` (discovery under ``rsr.harnesses``, runbook
+  planning, review, fresh execution under H₀, leakage screen, projection) builds Q_clean, then actor-only SFT
+  (Eq. 3, masked to generated tokens): ``pipeline.sft_epochs`` passes over Q_clean sampled uniformly
+  (grain, multiplicities kept), ``rollout.global_batch`` trajectories per update. An empty Q_clean ends the
+  phase with the actor unchanged. The funnel's output is stored in the phase folder, so a resumed phase
+  trains on the same data."""
   kind = "rsr"
   trains_actor = True
-  discovery = Discovery()
 
   def __init__(self, *a, **kw):
     super().__init__(*a, **kw)
@@ -149,35 +140,70 @@ class RSRPhase(Phase):
     nll = masked_nll_loss(self.ctx.actor)
     self._step = make_train_step(self.ctx.actor, self.opt, nll)
     self.samples: list[list[Sample]] = []
+    self._it = None
 
   def setup(self, actor_params, step=0):
-    path = epath.Path(self.workdir) / "sft_data.npz"
-    if path.exists():  # an interrupted attempt stored its discovery
-      self.samples = _load_samples(path)
-      self.found = f"{len(self.samples)} verified trajectories (stored by an earlier attempt)"
+    from rsi_jax.models.checkpoint import params_digest
+    from rsi_jax.rsr.funnel import MANIFEST, QClean, funnel_table
+    self.input_digest = params_digest(actor_params)  # the actor the phase (and its funnel) started from
+    wd = epath.Path(self.workdir)
+    if (wd / MANIFEST).exists():  # an earlier attempt of this phase ran the funnel
+      self.manifest = json.loads((wd / MANIFEST).read_text())
+      records = read_jsonl(wd / "q_clean.jsonl")
+      self.samples = load_samples(wd / "q_clean.npz") if records else []
+      self.stored = " (stored by an earlier attempt)"
     else:
-      accepted = self.discovery(self.ctx, self.cfg, actor_params)
-      self.samples = [episode_samples(r.segments, i) for i, r in enumerate(accepted)]
-      if not self.samples:
-        raise NoTrainableSamples(f"{self.name}: discovery ({self.discovery.description}) verified no "
-                                 f"trajectory on {len(self.ctx.tasks)} task(s)")
-      path.parent.mkdir(parents=True, exist_ok=True)
-      _save_samples(path, self.samples)
-      self.found = f"{len(self.samples)} verified trajectories ({self.discovery.description})"
+      res = self._funnel(actor_params)
+      records, self.samples, self.manifest = res.records, res.episodes, res.manifest
+      self.stored = ""
+    if len(self.samples) != len(records):
+      raise InvariantError(f"{self.name}: Q_clean holds {len(self.samples)} trajectories but its records "
+                           f"{len(records)} ({self.workdir})")
+    self.qclean = QClean(records)
+    self.table = funnel_table(self.manifest)
+    if not self.samples:
+      self.num_steps = 0
+      return
     b = self.cfg.rollout.global_batch
-    self.per_epoch = -(-len(self.samples) // b)
-    self.num_steps = self.cfg.pipeline.sft_epochs * self.per_epoch
+    self.num_steps = len(self.qclean.batches(0, self.cfg.pipeline.sft_epochs, b))
     # one compiled shape for the whole phase: rows for the b trajectories with the most segments, columns
     # for the longest segment
     self.rows = _round_rows(sum(sorted((len(e) for e in self.samples), reverse=True)[:b]), self.ctx.mesh)
     self.pad_to = max(len(s.ids) for e in self.samples for s in e)
 
-  def _order(self, seed: int, epoch: int) -> np.ndarray:
-    return np.random.default_rng(derive_seed(seed, "sft", epoch)).permutation(len(self.samples))
+  def _funnel(self, actor_params):
+    from rsi_jax.rsr.funnel import policy_factory, run_funnel
+    from rsi_jax.rsr.scripted import LABEL, ScriptedRSRPolicy
+    cfg, ctx = self.cfg, self.ctx
+    if cfg.rsr.policy == "scripted":
+      scripted = ScriptedRSRPolicy(ctx.tokenizer, ctx.tasks)
+      policy_for, label = (lambda tag: scripted), LABEL
+    else:
+      ctx.serve(actor_params)
+      policy_for = policy_factory(ctx.sampler, derive_seed(cfg.run.seed, "rsr", self.name),
+                                  cfg.rollout.deterministic)
+      label = "the actor"
+    return run_funnel(cfg, ctx.tasks, ctx.pool, ctx.renderer, policy_for, label=label, workdir=self.workdir)
 
   def describe(self):
-    return (f"{self.found}; {self.cfg.pipeline.sft_epochs} epoch(s) x {self.per_epoch} update(s), "
-            f"actor LR {self.cfg.actor_optim.learning_rate:g}, critic carried unchanged")
+    m = self.manifest
+    head = f"Q_clean {len(self.samples)} trajectories, RSR funnel run by {m['policy']}{self.stored}"
+    if not self.samples:
+      return f"{head}; empty ({m['empty_reason']}): the phase ends with the actor unchanged"
+    return (f"{head}; {self.cfg.pipeline.sft_epochs} epoch(s), {self.num_steps} update(s), actor LR "
+            f"{self.cfg.actor_optim.learning_rate:g}, critic carried unchanged")
+
+  def report(self):
+    return self.table
+
+  def lineage_extra(self):
+    st = self.manifest["stages"]
+    return {"rsr": {"policy": self.manifest["policy"], "q_clean": len(self.samples),
+                    "input_actor_digest": self.input_digest,
+                    "stages": {k: st[k] for k in ("attempted", "discovered", "planned", "reviewed", "executed",
+                                                  "verified", "leak_screened", "accepted")},
+                    "templates": {k: v["digest"] for k, v in self.manifest["templates"].items()},
+                    "manifest": str(epath.Path(self.workdir) / "rsr_manifest.json")}}
 
   def optimizers(self):
     return {"actor_opt": self.opt}
@@ -187,9 +213,12 @@ class RSRPhase(Phase):
 
   def step(self, state, i):
     t0 = time.time()
-    epoch, j = divmod(i, self.per_epoch)
     b = self.cfg.rollout.global_batch
-    idx = self._order(state.seed, epoch)[j * b:(j + 1) * b]
+    if self._it is None:  # Q_clean's grain iterator, at the position the (resumed) state records
+      self._it = iter(self.qclean.batches(state.seed, self.cfg.pipeline.sft_epochs, b).to_iter_dataset())
+      self._it.set_state(state.data if state.data is not None else {"next_index": i})
+    idx = [int(k) for k in next(self._it)]
+    state = dataclasses.replace(state, data=self._it.get_state())
     eps = [self.samples[k] for k in idx]
     pad = self.cfg.rl.pad_multiple
     batch = assemble_batch(eps, [1.0] * len(eps), pad_multiple=pad, pad_id=self.ctx.tokenizer.pad_id,
@@ -203,38 +232,13 @@ class RSRPhase(Phase):
     dt = time.time() - t0
     m = {"loss": float(aux["nll_per_token"]), "nll_per_token": float(aux["nll_per_token"]),
          "actor_grad_norm": float(aux["actor_grad_norm"]), "skipped_updates": int(aux["skipped"]),
-         "epoch": epoch, "trajectories": len(eps), "sft_tokens": tokens, "tokens_per_s": tokens / max(dt, 1e-9),
+         "trajectories": len(eps), "sft_tokens": tokens, "tokens_per_s": tokens / max(dt, 1e-9),
          "step_seconds": dt}
     return dataclasses.replace(state, train=train), m
 
 
 def _pad_cols(a: np.ndarray, t: int) -> np.ndarray:
   return a if a.shape[1] == t else np.pad(a, ((0, 0), (0, t - a.shape[1])))
-
-
-def _save_samples(path, episodes: list[list[Sample]]):
-  flat = [(e, s) for e, segs in enumerate(episodes) for s in segs]
-  lens = np.asarray([len(s.ids) for _, s in flat], np.int64)
-  cat = lambda f, dt: np.concatenate([np.asarray(getattr(s, f), dt) for _, s in flat])  # noqa: E731
-  tmp = epath.Path(str(path) + ".tmp")
-  with tmp.open("wb") as f:
-    np.savez(f, lengths=lens, episode=np.asarray([e for e, _ in flat], np.int64), ids=cat("ids", np.int32),
-             gen_mask=cat("gen_mask", bool), logprobs=cat("logprobs", np.float32),
-             turn_ids=cat("turn_ids", np.int32))
-  tmp.replace(path)
-
-
-def _load_samples(path) -> list[list[Sample]]:
-  with epath.Path(path).open("rb") as f:
-    z = dict(np.load(f))
-  out: dict[int, list[Sample]] = {}
-  start = 0
-  for n, e in zip(z["lengths"], z["episode"]):
-    sl = slice(start, start + int(n))
-    out.setdefault(int(e), []).append(Sample(z["ids"][sl], z["gen_mask"][sl], z["logprobs"][sl],
-                                             z["turn_ids"][sl], int(e)))
-    start += int(n)
-  return [out[k] for k in sorted(out)]
 
 
 # ------------------------------------------------------------------------------------------ rollouts

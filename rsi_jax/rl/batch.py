@@ -132,3 +132,36 @@ def assemble_batch(episodes: Sequence[Sequence[Sample]], rewards: Sequence[float
       dones[i, j] = 1.0
   return TrajectoryBatch(tokens, positions, segment_ids, gen_mask, turn_ids, rew, dones, lps, versions,
                          row_mask, next_row)
+
+
+def save_samples(path, episodes: Sequence[Sequence[Sample]]):
+  """Episodes' samples to one ``.npz`` (local path or object-store URL), written atomically."""
+  from etils import epath
+  flat = [(e, s) for e, segs in enumerate(episodes) for s in segs]
+  lens = np.asarray([len(s.ids) for _, s in flat], np.int64)
+
+  def cat(f, dt, fill=None):
+    parts = [np.asarray(getattr(s, f) if getattr(s, f) is not None else np.full(len(s.ids), fill), dt)
+             for _, s in flat]
+    return np.concatenate(parts) if parts else np.zeros(0, dt)
+  tmp = epath.Path(str(path) + ".tmp")
+  with tmp.open("wb") as f:
+    np.savez(f, lengths=lens, episode=np.asarray([e for e, _ in flat], np.int64), ids=cat("ids", np.int32),
+             gen_mask=cat("gen_mask", bool), logprobs=cat("logprobs", np.float32),
+             turn_ids=cat("turn_ids", np.int32), weight_versions=cat("weight_versions", np.int32, -1))
+  tmp.replace(path)
+
+
+def load_samples(path) -> list[list[Sample]]:
+  """What :func:`save_samples` wrote, episode by episode."""
+  from etils import epath
+  with epath.Path(path).open("rb") as f:
+    z = dict(np.load(f))
+  out: dict[int, list[Sample]] = {}
+  start = 0
+  for n, e in zip(z["lengths"], z["episode"]):
+    sl = slice(start, start + int(n))
+    out.setdefault(int(e), []).append(Sample(z["ids"][sl], z["gen_mask"][sl], z["logprobs"][sl],
+                                             z["turn_ids"][sl], int(e), z["weight_versions"][sl]))
+    start += int(n)
+  return [out[k] for k in sorted(out)]

@@ -110,10 +110,11 @@ JOINT_FIELDS = ["policy/loss", "policy/clip_frac", "policy/clip_frac_low", "poli
 def test_metrics_jsonl_has_every_field(run):
   _, _, run_dir = run
   recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  # RSR: Q_clean = 4 tasks x 2 harnesses x 1 runbook x 1 execution = 8 trajectories, 2 epochs of batch 4
   assert [(r["phase"], r["step"]) for r in recs] == [
-      ("rsr1", 1), ("rsr1", 2), ("critic_seed", 1), ("rpr1", 1), ("rpr1", 2), ("rpr1", 3), ("rsr2", 1),
-      ("rsr2", 2), ("rpr2", 1), ("rpr2", 2), ("rpr2", 3)]
-  assert [r["global_step"] for r in recs] == list(range(1, 12))
+      ("rsr1", 1), ("rsr1", 2), ("rsr1", 3), ("rsr1", 4), ("critic_seed", 1), ("rpr1", 1), ("rpr1", 2),
+      ("rpr1", 3), ("rsr2", 1), ("rsr2", 2), ("rsr2", 3), ("rsr2", 4), ("rpr2", 1), ("rpr2", 2), ("rpr2", 3)]
+  assert [r["global_step"] for r in recs] == list(range(1, 16))
   rpr = [r for r in recs if r["phase"] == "rpr1"]
   for r in rpr:
     missing = [k for k in RPR_FIELDS + (JOINT_FIELDS if r["train_actor"] else []) if k not in r]
@@ -176,6 +177,30 @@ def test_a_run_with_nothing_to_train_on_stops_with_the_reason(tmp_path, docker_c
 
 def _rows(path):
   return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+
+
+def test_rsr_phases_train_on_the_funnels_q_clean(run):
+  """The smoke plan's RSR phases run the funnel (with the scripted test double, labelled so in the lineage)
+  and make exactly the SFT updates Q_clean calls for; the manifest counts what the files hold."""
+  cfg, _, run_dir = run
+  lineage = {e["phase"]: e for e in _lineage(run_dir)}
+  metrics = _rows(run_dir / "metrics.jsonl")
+  for ph in ("rsr1", "rsr2"):
+    d = run_dir / "phases" / ph
+    manifest = json.loads((d / "rsr_manifest.json").read_text())
+    q = _rows(d / "q_clean.jsonl")
+    st = manifest["stages"]
+    assert "test double" in manifest["policy"] and lineage[ph]["rsr"]["policy"] == manifest["policy"]
+    assert st["attempted"] == cfg.env.max_tasks * len(cfg.rsr.harnesses) * cfg.rsr.discovery_attempts
+    assert st["planned"] == st["discovered"] * cfg.rsr.num_runbooks
+    assert st["executed"] == st["reviewed"] * cfg.rsr.num_repeats
+    assert st["accepted"] == len(q) == lineage[ph]["rsr"]["q_clean"] > 0
+    assert lineage[ph]["rsr"]["stages"] == {k: st[k] for k in lineage[ph]["rsr"]["stages"]}
+    b = cfg.rollout.global_batch
+    steps = -(-len(q) * cfg.pipeline.sft_epochs // b)
+    assert lineage[ph]["steps"] == steps
+    rows = [m for m in metrics if m["phase"] == ph]
+    assert len(rows) == steps and sum(m["trajectories"] for m in rows) == len(q) * cfg.pipeline.sft_epochs
 
 
 def test_one_batch_ahead_staleness_is_bounded_and_recorded(run):

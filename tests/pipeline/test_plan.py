@@ -47,6 +47,7 @@ def test_plan_kinds_sources_and_phase_configs(tmp_path):
     (["reward.divisor_table=configs/rewards/fallback-82.json", "pipeline.phases=[rpr2]"],
      "configs/rewards/fallback-82.json is a table for 'fdr' rewards but phase rpr2 uses reward.kind='spr'"),
     (["pipeline.actor_from.rpr1={tmp}/no-ckpt"], "pipeline.actor_from.rpr1: checkpoint {tmp}/no-ckpt: does not exist"),
+    (["rsr.plan_template={tmp}/plan.md"], "rsr.plan_template (phase rsr1): RSR template {tmp}/plan.md: cannot read"),
 ])
 def test_preflight_errors_are_one_line(tmp_path, ov, msg):
   (tmp_path / "empty").mkdir()

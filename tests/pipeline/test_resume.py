@@ -81,8 +81,10 @@ def runs(tmp_path_factory, docker_client):
   out = tmp_path_factory.mktemp("resume")
   a_out, a_err = _finish(_start(out, "a"))  # uninterrupted
   b = out / "b"
-  rc, term_out, _ = _signal_after(_start(out, "b"), b, "rpr1", 1, signal.SIGTERM)
-  preempted_at = max(r["step"] for r in _records(b) if r["phase"] == "rpr1")
+  # preempted inside RSR-1 (the resumed phase continues Q_clean's grain iterator from the checkpoint), then
+  # killed inside RPR-1
+  rc, term_out, _ = _signal_after(_start(out, "b"), b, "rsr1", 2, signal.SIGTERM)
+  preempted_at = max(r["step"] for r in _records(b) if r["phase"] == "rsr1")
   rc_kill, _, _ = _signal_after(_start(out, "b"), b, "rpr1", 2, signal.SIGKILL)
   b_out, _ = _finish(_start(out, "b"))
   return {"out": out, "a_out": a_out, "a_err": a_err, "term_rc": rc, "term_out": term_out,
@@ -93,8 +95,8 @@ def test_sigterm_writes_a_checkpoint_and_exits_0(runs):
   assert runs["term_rc"] == 0, runs["term_out"]
   assert "preempted (SIGTERM): checkpoint written to" in runs["term_out"]
   step = runs["preempted_at"]
-  assert step in (1, 2)
-  assert f"checkpoints/rpr1/{step}" in runs["term_out"]
+  assert step in (2, 3)
+  assert f"checkpoints/rsr1/{step}" in runs["term_out"]
 
 
 def test_sigkill_and_rerun_end_bitwise_equal_to_an_uninterrupted_run(runs):
@@ -112,13 +114,13 @@ def test_sigkill_and_rerun_end_bitwise_equal_to_an_uninterrupted_run(runs):
   # the resumed run's metrics hold each step once, with the same rewards as the uninterrupted run
   ra, rb = _records(runs["out"] / "a"), _records(runs["out"] / "b")
   assert [(r["phase"], r["step"]) for r in rb] == [(r["phase"], r["step"]) for r in ra] == [
-      ("rsr1", 1), ("rsr1", 2), ("rpr1", 1), ("rpr1", 2), ("rpr1", 3)]
+      ("rsr1", 1), ("rsr1", 2), ("rsr1", 3), ("rsr1", 4), ("rpr1", 1), ("rpr1", 2), ("rpr1", 3)]
   assert [r.get("loss") for r in rb] == [r.get("loss") for r in ra]
 
 
 def test_console_shows_step_lines_not_library_chatter(runs):
   out, err = runs["a_out"], runs["a_err"]
-  assert re.search(r"^\[rpr1 3/3\] joint ", out, re.M) and re.search(r"^\[rsr1 2/2\] sft ", out, re.M)
+  assert re.search(r"^\[rpr1 3/3\] joint ", out, re.M) and re.search(r"^\[rsr1 4/4\] sft ", out, re.M)
   for where in (out, err):
     # no absl / XLA log lines ("I1201 06:02:48.4 ... file.py:861] ...") and no Orbax messages
     assert not re.search(r"^[IWEF]\d{4} \d\d:\d\d|\.(py|cc):\d+\]", where, re.M), where[-2000:]

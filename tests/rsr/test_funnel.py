@@ -1,0 +1,151 @@
+"""The RSR funnel end to end on shipped tasks with real containers and the scripted test double; the
+projection 𝒫; Q_clean as a grain source."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from rsi_jax.config import CONFIG_DIR, REPO_ROOT, load_config
+from rsi_jax.env import EnvPool, make_harness
+from rsi_jax.env.tasks import load_tasks
+from rsi_jax.policy import SamplingParams
+from rsi_jax.rsr.funnel import STAGES, QClean, funnel_table, project, run_funnel
+from rsi_jax.rsr.runbook import load_template
+from rsi_jax.rsr.scripted import GUIDANCE_MARK, LABEL, ScriptedRSRPolicy
+
+NAMES = ["file-ops-backup-archive", "text-processing-config-edit", "shell-scripting-retry"]
+
+
+# ------------------------------------------------------------------------------------------- Q_clean
+
+
+def test_qclean_keeps_multiplicities_and_resumes_from_iterator_state():
+  records = [{"task": t} for t in "aaabbc"]  # task a accepted three times, b twice, c once
+  q = QClean(records)
+  ds = q.batches(seed=7, epochs=3, batch_size=4)
+  assert len(ds) == -(-6 * 3 // 4)
+  seen = [int(i) for b in ds for i in b]
+  assert len(seen) == 18
+  for e in range(3):  # every pass is a permutation: each accepted item once, multiplicities of tasks kept
+    assert sorted(seen[6 * e:6 * e + 6]) == list(range(6))
+  tasks = [records[i]["task"] for i in seen]
+  assert (tasks.count("a"), tasks.count("b"), tasks.count("c")) == (9, 6, 3)
+  assert seen != [i for b in q.batches(seed=8, epochs=3, batch_size=4) for i in b]  # the seed matters
+  assert seen == [i for b in q.batches(seed=7, epochs=3, batch_size=4) for i in b]  # and fixes the order
+  it = iter(ds.to_iter_dataset())
+  first = [next(it).tolist() for _ in range(2)]
+  state = json.loads(json.dumps(it.get_state()))  # what a checkpoint's meta stores
+  rest = [b.tolist() for b in it]
+  resumed = iter(q.batches(seed=7, epochs=3, batch_size=4).to_iter_dataset())
+  resumed.set_state(state)
+  assert [b.tolist() for b in resumed] == rest
+  assert [i for b in first + rest for i in b] == seen
+
+
+# ------------------------------------------------------------------------------------------ with Docker
+
+
+class LeakyScriptedPolicy(ScriptedRSRPolicy):
+  """Test double on top of the test double: for one task its runbooks name the verifier's folder (the review
+  gate must reject them), for another its guided executions also list /tests (the screen must reject
+  them although the verifier passes)."""
+
+  def __init__(self, tokenizer, tasks, leaky_plan: str, leaky_exec: str):
+    super().__init__(tokenizer, tasks)
+    self.leaky_plan, self.leaky_exec = leaky_plan, leaky_exec
+
+  def reply(self, prompt):
+    text = super().reply(prompt)
+    if "You write runbooks" in prompt and self._task(prompt).name == self.leaky_plan:
+      text += "- `ls /tests` shows the checks.\n"
+    if GUIDANCE_MARK in prompt and '"command"' in text and self._task(prompt).name == self.leaky_exec:
+      obj = json.loads(text)
+      obj["command"] += "\nls /tests 2>/dev/null || true"
+      text = json.dumps(obj)
+    return text
+
+
+@pytest.fixture(scope="module")
+def pool(docker_client, settings):
+  p = EnvPool(settings, concurrency=2, reap=False)
+  yield p
+  p.close()
+
+
+@pytest.fixture(scope="module")
+def tasks():
+  return [t for t in load_tasks(REPO_ROOT / "tasks") if t.name in NAMES]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_funnel_end_to_end_counts_what_happened(pool, tasks, tokenizer, renderer, tmp_path):
+  cfg = load_config(CONFIG_DIR / "smoke.yml", ["rsr.num_runbooks=2", "rsr.num_repeats=2"])
+  policy = LeakyScriptedPolicy(tokenizer, tasks, leaky_plan=NAMES[1], leaky_exec=NAMES[2])
+  res = run_funnel(cfg, tasks, pool, renderer, lambda tag: policy, label=LABEL, workdir=str(tmp_path))
+  m = res.manifest
+  st = m["stages"]
+  # 3 tasks x 2 harnesses; K = 2 runbooks each; NAMES[1]'s runbooks leak; M = 2 executions of the others,
+  # NAMES[2]'s executions read /tests
+  assert st["attempted"] == 6 and st["discovered"] == 6 and st["planned"] == 12
+  assert st["reviewed"] == 8 and st["rejected"]["leakage:verifier_path"] == 4
+  assert st["executed"] == 16 and st["verified"] == 16
+  assert st["leak_screened"] == 8 and st["rejected"]["screen:leakage:verifier_path"] == 8
+  assert st["accepted"] == 8 == len(res.episodes) == len(res.records)
+  assert st["infra_failures"] == {}
+  assert {r["task"] for r in res.records} == {NAMES[0]}
+  for h in ("json", "xml"):  # per discovery harness: half of everything
+    assert m["by_harness"][h]["accepted"] == 4 and m["by_harness"][h]["attempted"] == 3
+  assert sum(f["attempted"] for f in m["by_family"].values()) == 6
+  assert m["policy"] == LABEL and m["templates"]["plan"]["version"] == "1"
+  # the files agree with the manifest
+  runbooks = [json.loads(x) for x in (tmp_path / "runbooks.jsonl").read_text().splitlines()]
+  execs = [json.loads(x) for x in (tmp_path / "executions.jsonl").read_text().splitlines()]
+  assert len(runbooks) == 12 and sum(r["accepted"] for r in runbooks) == 8
+  assert len(execs) == 16 and sum(e["success"] == 1 and not e["leakage"] for e in execs) == 8
+  assert json.loads((tmp_path / "rsr_manifest.json").read_text()) == json.loads(json.dumps(m))
+  table = funnel_table(m)
+  assert all(s in table for s in STAGES) and "rejected leakage:verifier_path" in table
+  # projection: every stored sample starts with the public prompt, no runbook text in any token
+  for eps in res.episodes:
+    for s in eps:
+      text = tokenizer.decode(s.ids.tolist())
+      assert GUIDANCE_MARK not in text and "## Steps" not in text and "## Goal" not in text
+      assert not s.gen_mask[:50].any() and s.gen_mask.sum() > 0
+
+
+@pytest.mark.docker
+def test_projection_keeps_sampled_ids_and_masks_exactly(pool, tasks, tokenizer, renderer):
+  """A guided execution with a summary (two segments): 𝒫 swaps each segment's private prompt for the public
+  one and leaves every sampled id, mask entry, logprob and observation after it as it was."""
+  cfg = load_config(CONFIG_DIR / "smoke.yml")
+  task = next(t for t in tasks if t.name == NAMES[0])
+  policy = ScriptedRSRPolicy(tokenizer, tasks)
+  marker = "RUNBOOK-ONLY-MARKER-7f3a"
+  runbook = (f"## Goal\nBack up the project ({marker}).\n\n## Steps\n1. Archive:\n```bash\ncd /app && tar "
+             f"--exclude='*.tmp' --exclude='__pycache__' -czf backup.tar.gz project\n```\n\n## Checks\n- `ls /app`\n")
+  exec_t = load_template(cfg.rsr.exec_template)
+  guide = lambda t: exec_t.render(instruction=t.instruction.strip(), runbook=runbook)  # noqa: E731
+  probe = make_harness("json", policy, renderer, SamplingParams(), env_cfg=cfg.env, guidance=guide)
+  env = dataclasses.replace(cfg.env, summarize_threshold_tokens=len(probe.initial_prompt(task)) + 40, max_turns=4)
+  h = make_harness("json", policy, renderer, SamplingParams(), env_cfg=env, guidance=guide)
+  (res,) = pool.run([(task, h)])
+  assert res.success == 1 and len(res.segments) >= 2, res.summary()
+  public = [h.initial_prompt(task, summary=None, private=False)]
+  public += [h.initial_prompt(task, summary=t.text, private=False) for t in res.turns if t.kind == "summary"]
+  projected = project(res, h, task)
+  assert len(projected) == len(res.segments)
+  for raw, new, pub in zip(res.segments, projected, public):
+    n = len(next(t for t in res.turns if t.segment == raw.index).prompt_ids)
+    k = len(pub)
+    assert new.ids[:k].tolist() == pub
+    for f in ("ids", "gen_mask", "logprobs", "turn_ids", "weight_versions"):
+      assert np.array_equal(getattr(new, f)[k:], getattr(raw, f)[n:]), f
+    assert not new.gen_mask[:k].any() and (new.turn_ids[:k] == -1).all()
+    assert marker in tokenizer.decode(raw.ids.tolist())
+    assert marker not in tokenizer.decode(new.ids.tolist()) and GUIDANCE_MARK not in tokenizer.decode(new.ids)
+  # the public prompt is exactly what the target harness shows a fresh agent
+  plain = make_harness("json", policy, renderer, SamplingParams(), env_cfg=env)
+  assert public[0] == plain.initial_prompt(task)
