@@ -48,7 +48,7 @@ LABEL_PID = "rsi_jax.pid"
 TASK_IMAGE_PREFIX = "rsi-task-"
 SHELL_DIR = "/tmp/.rsi_shell"
 # PATH for the verifier and helper execs: fixed, never the agent's.
-SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/sbin:/usr/local/bin"  # system tools first
 
 # Failure kinds (EpisodeResult.failure_kind / SandboxError.kind).
 CONTAINER_DIED = "container_died"
@@ -324,6 +324,13 @@ def reap_orphans(client) -> int:
 # ----------------------------------------------------------------------------------------------- sandbox
 
 
+# Docker's default capability set minus what a task sandbox has no use for (raw sockets, device nodes, the
+# audit log, file capabilities); ordinary root work (chown, useradd, tar -x keeping owners, apt/dpkg, setuid
+# to an unprivileged user) keeps working. With no-new-privileges and Docker's default seccomp profile.
+CAP_DROP = ("NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP")
+SECURITY_OPT = ("no-new-privileges",)
+
+
 class DockerSandbox:
   """One episode's container. Use as a context manager; :meth:`close` is idempotent and always safe."""
 
@@ -352,7 +359,7 @@ class DockerSandbox:
     try:
       self.container = self.client.containers.run(
           self.image, INIT_CMD, detach=True, labels=labels, network_mode=self.network,
-          cap_drop=["ALL"], security_opt=["no-new-privileges"], nano_cpus=int(self.cpus * 1e9),
+          cap_drop=list(CAP_DROP), security_opt=list(SECURITY_OPT), nano_cpus=int(self.cpus * 1e9),
           mem_limit=self.memory_bytes, memswap_limit=self.memory_bytes, pids_limit=self.pids_limit,
           hostname="sandbox", stdin_open=False, tty=False)
     except docker.errors.DockerException as e:

@@ -109,13 +109,15 @@ def load_tasks(tasks_dir: str | Path, names: list[str] | tuple[str, ...] | None 
   dirs = sorted(d for d in root.iterdir()
                 if d.is_dir() and fnmatch.fnmatch(d.name, pattern)
                 and ((d / "task.toml").exists() or (d / "task.yaml").exists()))
+  if not dirs and pattern == "*":
+    raise TaskError(f"{root}: no task folder (a folder with task.toml or task.yaml) in it")
   return [load_task(d) for d in dirs]
 
 
 def _load_harbor(path: Path) -> Task:
   f = path / "task.toml"
   try:
-    meta = tomllib.loads(f.read_text())
+    meta = tomllib.loads(_read_utf8(f))
   except tomllib.TOMLDecodeError as e:
     raise TaskError(f"{f}: invalid TOML: {e}") from None
   md = _section(meta, "metadata", f)
@@ -147,7 +149,7 @@ def _load_harbor(path: Path) -> Task:
 def _load_tb1(path: Path) -> Task:
   f = path / "task.yaml"
   try:
-    meta = yaml.safe_load(f.read_text())
+    meta = yaml.safe_load(_read_utf8(f))
   except yaml.YAMLError as e:
     raise TaskError(f"{f}: invalid YAML: {e}") from None
   if not isinstance(meta, dict):
@@ -192,10 +194,19 @@ def _section(meta: Mapping, name: str, f: Path) -> Mapping:
 def _read_required(p: Path) -> str:
   if not p.is_file():
     raise TaskError(f"{p}: missing file")
-  text = p.read_text()
+  text = _read_utf8(p)
   if not text.strip():
     raise TaskError(f"{p}: file is empty")
   return text
+
+
+def _read_utf8(p: Path) -> str:
+  try:
+    return p.read_bytes().decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise TaskError(f"{p}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+  except OSError as e:
+    raise TaskError(f"{p}: cannot read: {e.strerror}") from None
 
 
 def _require_file(p: Path) -> Path:

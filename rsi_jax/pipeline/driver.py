@@ -159,11 +159,9 @@ def preflight(cfg: Config, cli_overrides: Sequence[str] = (), num_devices: int |
           raise PreflightError(f"pipeline.{src_key}.{spec.name}: {e}") from None
   for tasks_dir in sorted({s.cfg.env.tasks_dir for s in plan}):
     try:
-      tasks = load_tasks(tasks_dir)
+      load_tasks(tasks_dir)
     except TaskError as e:
       raise PreflightError(f"env.tasks_dir: {e}") from None
-    if not tasks:
-      raise PreflightError(f"env.tasks_dir: {tasks_dir} holds no task folder (task.toml or task.yaml)")
   if cfg.run.resume == "never":
     found = existing_run(cfg)
     if found:

@@ -111,15 +111,32 @@ def test_output_cap_elides_the_middle(box):
 def test_lockdown_and_labels(box, run_id):
   box.container.reload()
   hc, labels = box.container.attrs["HostConfig"], box.container.labels
-  assert hc["NetworkMode"] == "none" and hc["CapDrop"] == ["ALL"]
-  assert "no-new-privileges" in hc["SecurityOpt"]
+  assert hc["NetworkMode"] == "none" and sorted(hc["CapDrop"]) == ["AUDIT_WRITE", "MKNOD", "NET_RAW", "SETFCAP"]
+  assert hc["SecurityOpt"] == ["no-new-privileges"]  # and Docker's default seccomp profile, in force:
+  assert "Seccomp:\t2" in box.run("grep Seccomp: /proc/self/status").output
+  assert "NoNewPrivs:\t1" in box.run("grep NoNewPrivs: /proc/self/status").output
   assert hc["NanoCpus"] == 10**9 and hc["Memory"] == 256 << 20 and hc["PidsLimit"] == 128
   assert labels[LABEL_RUN] == run_id and labels[LABEL_TASK] == "sandbox-test" and labels[LABEL_EPISODE]
   r = box.run("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=3)\"")
   assert r.exit_code != 0 and "unreachable" in r.output.lower()
   assert box.run("cat /sys/class/net/*/operstate 2>/dev/null; ls /sys/class/net").output.split() in (
       ["unknown", "lo"], ["lo"], ["down", "lo"])
-  assert box.run("chown nobody /tmp").exit_code != 0  # CAP_CHOWN is dropped
+  assert box.run("mknod /tmp/dev c 1 3").exit_code != 0  # CAP_MKNOD is dropped
+  raw = box.run("python3 -c \"import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)\"")
+  assert raw.exit_code != 0 and "PermissionError" in raw.output  # CAP_NET_RAW is dropped
+
+
+def test_ordinary_root_work_inside_the_sandbox(box):
+  """What task setups and solutions do as root: change owners, add users, unpack archives keeping owners,
+  drop to an unprivileged user."""
+  r = box.run("set -e; mkdir -p /tmp/own && touch /tmp/own/f && chown nobody:nogroup /tmp/own/f && "
+              "stat -c %U /tmp/own/f; useradd -m builder && id -u builder; "
+              "tar -C /tmp -cf /tmp/a.tar own && mkdir /tmp/x && tar -C /tmp/x -xf /tmp/a.tar && "
+              "stat -c %U /tmp/x/own/f; su -s /bin/sh nobody -c 'id -un'; chmod 000 /tmp/own/f && cat /tmp/own/f "
+              "&& echo root-reads")
+  assert r.exit_code == 0, r.output
+  lines = r.output.split()
+  assert lines[0] == "nobody" and lines[1].isdigit() and lines[2:] == ["nobody", "nobody", "root-reads"]
 
 
 def test_agent_cannot_end_its_container(box):

@@ -65,6 +65,8 @@ def _copy(tmp_path, name="harbor-greeting"):
     (lambda d: (d / "instruction.md").write_text("  \n"), "instruction.md", "empty"),
     (lambda d: (d / "environment" / "Dockerfile").unlink(), "Dockerfile", "missing file"),
     (lambda d: (d / "tests" / "test.sh").unlink(), "test.sh", "missing file"),
+    (lambda d: (d / "task.toml").write_bytes(b'[metadata]\ncategory = "caf\xe9"\n'), "task.toml", "not UTF-8"),
+    (lambda d: (d / "instruction.md").write_bytes(b"caf\xe9\n"), "instruction.md", "not UTF-8"),
 ])
 def test_malformed_harbor_task_names_file_and_field(tmp_path, edit, file, field):
   d = _copy(tmp_path)
@@ -92,6 +94,17 @@ def test_malformed_tb1_task_names_file_and_field(tmp_path, text, field):
 def test_not_a_task(tmp_path):
   with pytest.raises(TaskError, match="neither task.toml"):
     load_task(tmp_path)
+  with pytest.raises(TaskError, match=f"{tmp_path}: no task folder"):
+    load_tasks(tmp_path)
+  with pytest.raises(TaskError, match="tasks directory does not exist"):
+    load_tasks(tmp_path / "nowhere")
+
+
+def test_non_utf8_tb1_task(tmp_path):
+  d = _copy(tmp_path, "tb1-word-sum")
+  (d / "task.yaml").write_bytes(b"instruction: caf\xe9\n")
+  with pytest.raises(TaskError, match=r"task.yaml: not UTF-8 text \(byte 16"):
+    load_task(d)
 
 
 def test_parse_memory():

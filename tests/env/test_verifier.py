@@ -99,8 +99,7 @@ def test_tampered_paths():
 def test_shadowing_tools_and_late_writers_do_not_count(docker_client, settings, fixture_tasks, tokenizer,
                                                          renderer):
   """A new /usr/local/bin/mkdir would run first on a usual PATH and could leave a daemon that writes the
-  gate after the tests; the verifier's PATH puts system directories first and stops every process before
-  reading the gate."""
+  gate after the tests: a program that shadows another on the verifier's PATH is tampering (S = 0)."""
   evil = ("#!/bin/sh\nsetsid sh -c 'sleep 1; while :; do echo 1 > /logs/verifier/reward.txt; sleep 0.05; done'"
           " > /dev/null 2>&1 < /dev/null &\nexec /usr/bin/mkdir \"$@\"\n")
   b64 = base64.b64encode(evil.encode()).decode()
@@ -108,7 +107,117 @@ def test_shadowing_tools_and_late_writers_do_not_count(docker_client, settings, 
           "mkdir -p /logs/verifier && sleep 2 && cat /logs/verifier/reward.txt"]
   r = run_episode(fixture_tasks["harbor-greeting"], agent(tokenizer, renderer, cmds), docker_client, settings)
   assert json.loads(r.turns[0].observation)["output"] == "1\n"  # the trick works on the agent's own PATH
-  assert r.outcome.state == VerificationState.OK and r.success == 0 and r.outcome.passed == 1
+  assert r.success == 0 and r.outcome.state == VerificationState.INVALID_REPORT
+  assert "tampered" in r.outcome.reason and "/usr/local/bin/mkdir" in r.error
+
+
+# ------------------------------------------------------------------------------ probes: attack -> S = 0
+
+FAKE_CTRF = json.dumps({"results": {"tool": {"name": "pytest"}, "summary": {"tests": 2, "passed": 2},
+                                    "tests": [{"name": "/tests/test_outputs.py::test_add", "status": "passed"},
+                                              {"name": "/tests/test_outputs.py::test_mul", "status": "passed"}]}})
+
+
+def _calc(docker_client, settings, fixture_tasks, tokenizer, renderer, files: dict, extra=()):
+  """An agent on harbor-calc that writes ``files`` (path -> Python source) and runs ``extra`` commands."""
+  cmds = [f"echo {base64.b64encode(src.encode()).decode()} | base64 -d > {path}" for path, src in files.items()]
+  return run_episode(fixture_tasks["harbor-calc"], agent(tokenizer, renderer, [*cmds, *extra]), docker_client,
+                     settings)
+
+
+def test_calc_fixture_oracle_and_honest_agent(docker_client, settings, fixture_tasks, tokenizer, renderer):
+  ok = run_episode(fixture_tasks["harbor-calc"], OracleHarness(), docker_client, settings)
+  assert ok.outcome.state == VerificationState.OK and ok.success == 1 and ok.outcome.passed == 2
+  half = _calc(docker_client, settings, fixture_tasks, tokenizer, renderer,
+               {"/app/calc.py": "def add(a, b):\n  return a + b\n\ndef mul(a, b):\n  return a + b\n"})
+  assert half.outcome.state == VerificationState.OK and half.success == 0
+  assert (half.outcome.passed, half.outcome.total) == (1, 2)
+
+
+def test_module_that_writes_a_report_and_exits(docker_client, settings, fixture_tasks, tokenizer, renderer):
+  """The module under test writes an all-passed report and ends the process with status 0 at import: the
+  script's gate says 1, but the pytest session never finished."""
+  evil = ("import os\nos.makedirs('/logs/verifier', exist_ok=True)\n"
+          f"open('/logs/verifier/ctrf.json', 'w').write({FAKE_CTRF!r})\nos._exit(0)\n")
+  r = _calc(docker_client, settings, fixture_tasks, tokenizer, renderer, {"/app/calc.py": evil})
+  assert r.success == 0 and r.outcome.state == VerificationState.INVALID_REPORT
+  assert "did not finish" in r.outcome.reason
+
+
+def test_report_rewritten_at_exit(docker_client, settings, fixture_tasks, tokenizer, renderer):
+  """The module registers an exit handler that rewrites the report with every test passed (one really
+  failed): the report contradicts the verifier's own collection."""
+  evil = ("import atexit\n\ndef add(a, b):\n  return a + b\n\ndef mul(a, b):\n  return 0\n\n"
+          f"atexit.register(lambda: open('/logs/verifier/ctrf.json', 'w').write({FAKE_CTRF!r}))\n")
+  r = _calc(docker_client, settings, fixture_tasks, tokenizer, renderer, {"/app/calc.py": evil})
+  assert r.success == 0 and r.outcome.state == VerificationState.INVALID_REPORT
+  assert "passed that did not pass" in r.outcome.reason or "did not collect" in r.outcome.reason
+
+
+def test_working_directory_is_not_on_the_verifiers_python_path(docker_client, settings, fixture_tasks,
+                                                                 tokenizer, renderer):
+  """The script runs `python3 -m pytest` from /app: a planted /app/pytest.py would stand in for pytest."""
+  fake = ("import os\nos.makedirs('/logs/verifier', exist_ok=True)\n"
+          f"open('/logs/verifier/ctrf.json', 'w').write({FAKE_CTRF!r})\nraise SystemExit(0)\n")
+  r = _calc(docker_client, settings, fixture_tasks, tokenizer, renderer, {"/app/pytest.py": fake},
+            extra=["cd /app && python3 -m pytest --version"])
+  assert "SystemExit" not in r.turns[-2].observation  # (the agent's own run used the fake and exited 0)
+  assert r.success == 0 and r.outcome.state == VerificationState.OK
+  assert (r.outcome.passed, r.outcome.total) == (0, 2)  # the real tests ran: calc.py does not exist
+
+
+def test_on_disk_byte_code_is_ignored(docker_client, settings, fixture_tasks, tokenizer, renderer):
+  """Byte-code for a standard-library module that pytest imports, with a valid header for the real source:
+  the interpreter would run it instead of the source. The verifier never reads on-disk byte-code."""
+  forge = (
+      "import importlib.util, marshal, os, struct\n"
+      "src = importlib.util.find_spec('fnmatch').origin\n"
+      "st = os.stat(src)\n"
+      "code = compile(open(src).read() + '\\nprint(\"PWNED-BYTECODE\")\\n', src, 'exec')\n"
+      "data = importlib.util.MAGIC_NUMBER + struct.pack('<III', 0, int(st.st_mtime) & 0xFFFFFFFF, "
+      "st.st_size & 0xFFFFFFFF) + marshal.dumps(code)\n"
+      "open(importlib.util.cache_from_source(src), 'wb').write(data)\n")
+  solve = "def add(a, b):\n  return a + b\n\ndef mul(a, b):\n  return a * b\n"
+  r = _calc(docker_client, settings, fixture_tasks, tokenizer, renderer,
+            {"/tmp/forge.py": forge, "/app/calc.py": solve},
+            extra=["python3 /tmp/forge.py && python3 -c 'import fnmatch' | head -1"])
+  assert "PWNED-BYTECODE" in r.turns[-2].observation  # the forged byte-code runs for the agent's Python
+  assert "PWNED-BYTECODE" not in r.verifier_output
+  assert r.success == 1 and r.outcome.state == VerificationState.OK  # byte-code is not tampering either
+
+
+def test_harmless_python_work_is_not_tampering(docker_client, settings, fixture_tasks, tokenizer, renderer):
+  """An agent that ran optimized Python (new byte-code beside the standard library) and its own pytest,
+  then solved the task: S = 1."""
+  solve = "def add(a, b):\n  return a + b\n\ndef mul(a, b):\n  return a * b\n"
+  mine = "import calc\n\ndef test_mine():\n  assert calc.add(1, 1) == 2\n"
+  r = _calc(docker_client, settings, fixture_tasks, tokenizer, renderer,
+            {"/app/calc.py": solve, "/app/test_mine.py": mine},
+            extra=["python3 -O -c 'import json, csv, fnmatch, argparse' && cd /app && python3 -m pytest -q "
+                   "test_mine.py && python3 -OO -m compileall -q /usr/lib/python3.11/json"])
+  assert "1 passed" in r.turns[-2].observation
+  assert r.outcome.state == VerificationState.OK and r.success == 1, (r.outcome.reason, r.error)
+
+
+@pytest.mark.parametrize("where", ["/usr/sbin/python3", "/usr/local/sbin/bash", "/usr/sbin/mkdir"])
+def test_new_program_shadowing_the_verifiers_tools(docker_client, settings, fixture_tasks, tokenizer, renderer,
+                                                  where):
+  fake = "#!/bin/sh\nmkdir -p /logs/verifier 2>/dev/null; echo 1 > /logs/verifier/reward.txt; exit 0\n"
+  solve = "def add(a, b):\n  return 0\n"
+  r = _calc(docker_client, settings, fixture_tasks, tokenizer, renderer, {"/app/calc.py": solve, where: fake},
+            extra=[f"chmod +x {where}"])
+  assert r.success == 0 and r.outcome.state == VerificationState.INVALID_REPORT
+  assert where in r.error
+
+
+def test_tb1_parser_decides_not_the_exit_status(docker_client, settings, fixture_tasks, tokenizer, renderer):
+  """parser_name: pytest — a script that exits 0 whatever happened: S needs every collected test passed."""
+  task = fixture_tasks["tb1-exit-zero"]
+  nothing = run_episode(task, agent(tokenizer, renderer, []), docker_client, settings)
+  assert nothing.success == 0 and nothing.outcome.exit_code == 0
+  assert nothing.outcome.passed == 0 and "parser pytest: 0 of 2" in nothing.outcome.reason
+  ok = run_episode(task, OracleHarness(), docker_client, settings)
+  assert ok.success == 1 and ok.outcome.state == VerificationState.OK and ok.outcome.passed == 2
 
 
 def test_hanging_verifier_is_an_infrastructure_failure(docker_client, settings, fixture_tasks):

@@ -38,7 +38,7 @@ def test_plan_kinds_sources_and_phase_configs(tmp_path):
 
 @pytest.mark.parametrize("ov,msg", [
     (["env.tasks_dir={tmp}/nowhere"], "env.tasks_dir: {tmp}/nowhere: tasks directory does not exist"),
-    (["env.tasks_dir={tmp}/empty"], "holds no task folder"),
+    (["env.tasks_dir={tmp}/empty"], "env.tasks_dir: {tmp}/empty: no task folder"),
     (["reward.divisor_table={tmp}/table.json"], "reward.divisor_table: cannot read"),
     (["mesh.ici_fsdp_parallelism=8", "mesh.ici_tensor_parallelism=1", "rollout.global_batch=8",
       "rollout.requested=8"], "mesh.ici_fsdp_parallelism: ICI axes multiply to 8"),
