@@ -147,8 +147,11 @@ class RSRPhase(Phase):
     from rsi_jax.rsr.funnel import MANIFEST, QClean, funnel_table
     self.input_digest = params_digest(actor_params)  # the actor the phase (and its funnel) started from
     wd = epath.Path(self.workdir)
-    if (wd / MANIFEST).exists():  # an earlier attempt of this phase ran the funnel
-      self.manifest = json.loads((wd / MANIFEST).read_text())
+    stored = json.loads((wd / MANIFEST).read_text()) if (wd / MANIFEST).exists() else None
+    if stored is not None and step == 0 and stored.get("input_actor_digest") != self.input_digest:
+      stored = None  # the phase starts anew from other weights: its funnel runs again
+    if stored is not None:  # an earlier attempt of this phase ran the funnel with these weights
+      self.manifest = stored
       records = read_jsonl(wd / "q_clean.jsonl")
       self.samples = load_samples(wd / "q_clean.npz") if records else []
       self.stored = " (stored by an earlier attempt)"
@@ -183,7 +186,8 @@ class RSRPhase(Phase):
       policy_for = policy_factory(ctx.sampler, derive_seed(cfg.run.seed, "rsr", self.name),
                                   cfg.rollout.deterministic)
       label = "the actor"
-    return run_funnel(cfg, ctx.tasks, ctx.pool, ctx.renderer, policy_for, label=label, workdir=self.workdir)
+    return run_funnel(cfg, ctx.tasks, ctx.pool, ctx.renderer, policy_for, label=label, workdir=self.workdir,
+                      input_digest=self.input_digest)
 
   def describe(self):
     m = self.manifest

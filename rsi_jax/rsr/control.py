@@ -3,14 +3,14 @@
 What the planner conditions on is what the agent *did* — the shell commands it ran and what they printed —
 in one harness-neutral form, whatever convention (``json``, ``xml``) produced it. Removed: the system
 prompt and the instruction (x_pub enters the planning prompt on its own), format reminders and malformed-
-action notices together with the reply that caused them, turn banners, summary requests and the summaries
-themselves, and each convention's wrapping (JSON objects, ``<command>`` / ``<output>`` tags).
+action notices together with the reply that caused them, summary requests and the summaries themselves,
+each convention's wrapping (JSON objects, ``<command>`` / ``<output>`` tags) and anything a harness puts
+around an observation's wrapping (turn banners, reminders). The command's output itself is kept as it was.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Mapping, Sequence
 
@@ -19,10 +19,7 @@ from rsi_jax.env.harness import SUMMARY_REQUEST
 
 PARSERS = {"json": A.parse_json_action, "xml": A.parse_xml_action}
 ERROR_PREFIX = A.format_error("")  # "Invalid action: "
-# Lines some harnesses put around observations to count turns or remind the agent of the format.
-BANNERS = re.compile(r"^\s*(\[?(turn|step)\s+\d+\s*(/|of)\s*\d+\]?|turns? (left|remaining):?\s*\d+"
-                     r"|remember: reply with .*|new terminal output:)\s*$", re.IGNORECASE | re.MULTILINE)
-_XML_OUT = re.compile(r"^\s*<output exit_code=\"(-?\d+)\"( timed_out=\"true\")?>\n?(.*)</output>\s*$", re.DOTALL)
+_XML_OUT = re.compile(r"<output exit_code=\"(-?\d+)\"( timed_out=\"true\")?>\n?(.*)</output>", re.DOTALL)
 
 
 @dataclasses.dataclass
@@ -76,15 +73,16 @@ def control_free_steps(transcript: Sequence[Mapping[str, str]], harness: str) ->
 
 
 def _observe(step: Step, content: str, harness: str):
-  content = BANNERS.sub("", content).strip()  # banners around the convention's wrapping, not in the output
+  """The observation inside the convention's wrapping (a JSON object, an ``<output>`` element); text around
+  it (banners, reminders) is harness scaffolding and dropped, the output itself is kept as it was."""
   if harness == "json":
-    try:
-      obs = json.loads(content)
-      step.exit_code, step.timed_out, out = obs.get("exit_code"), bool(obs.get("timed_out")), obs.get("output", "")
-    except (json.JSONDecodeError, AttributeError):
+    obs = A._first_json_object(content)
+    if isinstance(obs, dict) and "output" in obs:
+      step.exit_code, step.timed_out, out = obs.get("exit_code"), bool(obs.get("timed_out")), obs.get("output")
+    else:
       out = content
   else:
-    m = _XML_OUT.match(content)
+    m = _XML_OUT.search(content)
     if m:
       step.exit_code, step.timed_out, out = int(m.group(1)), bool(m.group(2)), m.group(3)
     else:

@@ -22,7 +22,7 @@ import numpy as np
 from etils import epath
 
 from rsi_jax.env.harness import ChatHarness, Segment
-from rsi_jax.policy import FINISH_REJECTED, SamplingParams
+from rsi_jax.policy import FINISH_LENGTH, FINISH_REJECTED, SamplingParams
 from rsi_jax.rl.batch import Sample, episode_samples, save_samples
 from rsi_jax.rsr.control import strip_control
 from rsi_jax.rsr.review import ModelJudge, review, screen_trajectory
@@ -56,6 +56,7 @@ class _Counts:
 
   def table(self, c: collections.Counter) -> dict:
     d = {s: int(c.get(s, 0)) for s in STAGES}
+    d["review_rejected"] = int(c.get("review_rejected", 0))  # runbooks (one may have several reasons)
     d["rejected"] = {k[len("rejected:"):]: int(v) for k, v in sorted(c.items()) if k.startswith("rejected:")}
     d["infra_failures"] = {k[len("infra:"):]: int(v) for k, v in sorted(c.items()) if k.startswith("infra:")}
     return d
@@ -69,7 +70,9 @@ def project(result, harness: ChatHarness, task) -> list[Segment]:
   summaries = {t.segment: t.text for t in result.turns if t.kind == "summary"}
   out = []
   for seg in result.segments:
-    first = next(t for t in result.turns if t.segment == seg.index)
+    first = next((t for t in result.turns if t.segment == seg.index), None)
+    if first is None:
+      raise ProjectionError(f"{task.name} segment {seg.index}: no turn recorded for it")
     n = len(first.prompt_ids)
     summary = summaries.get(seg.index - 1)
     private = np.asarray(harness.initial_prompt(task, summary=summary, private=True), np.int32)
@@ -105,9 +108,11 @@ class QClean(grain.sources.RandomAccessDataSource):
 
 
 def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object], *, label: str,
-               workdir: str | None = None, log: Callable[[str], None] = lambda s: None) -> FunnelResult:
+               workdir: str | None = None, log: Callable[[str], None] = lambda s: None,
+               input_digest: str | None = None) -> FunnelResult:
   """One RSR funnel over ``tasks`` with the actor behind ``policy_for(tag)`` (a Policy per episode or call;
-  ``tag`` names it, for seeding). ``cfg``: the phase's :class:`~rsi_jax.config.Config`."""
+  ``tag`` names it, for seeding). ``cfg``: the phase's :class:`~rsi_jax.config.Config`; ``input_digest``:
+  the actor's digest, recorded in the manifest."""
   from rsi_jax.env import make_harness
   r, ro = cfg.rsr, cfg.rollout
   plan_t, exec_t = load_template(r.plan_template), load_template(r.exec_template)
@@ -134,7 +139,7 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
   log(f"discovery: {len(discovered)} verified of {len(jobs)} episodes")
 
   # 2-3. planning from C(τ), then the review gate
-  judge = ModelJudge(policy_for(("judge",)), renderer, judge_t.text, dataclasses.replace(
+  judge = ModelJudge(policy_for(("judge",)), renderer, judge_t, dataclasses.replace(
       sampling, temperature=0.0, max_new_tokens=64)) if judge_t is not None else None
   plans = [(d, k) for d in range(len(discovered)) for k in range(r.num_runbooks)]
 
@@ -145,23 +150,27 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
     ids = [int(i) for i in renderer.render([{"role": "user", "content": prompt}], add_generation_prompt=True).ids]
     comp = policy_for(("plan", t.name, h, d, k)).generate(ids, plan_sampling)
     if comp.finish_reason == FINISH_REJECTED:
-      return None
-    return parse_runbook(renderer.decode([i for i in comp.token_ids if i not in renderer.eos_ids]))
+      return "planning_prompt_too_long", None
+    if comp.finish_reason == FINISH_LENGTH:  # cut at rsr.runbook_max_tokens: not a whole runbook
+      return "planning_truncated", None
+    return None, parse_runbook(renderer.decode([i for i in comp.token_ids if i not in renderer.eos_ids]))
 
   with cf.ThreadPoolExecutor(max(1, min(16, len(plans) or 1)), thread_name_prefix="rsr-plan") as ex:
     texts = list(ex.map(lambda p: plan(*p), plans))
   runbooks, accepted_runbooks = [], []
-  for (d, k), text in zip(plans, texts):
+  for (d, k), (failed, text) in zip(plans, texts):
     t, h, res = discovered[d]
     if text is None:
-      counts.add("rejected:planning_prompt_too_long", t.family, h)
+      counts.add(f"rejected:{failed}", t.family, h)
       runbooks.append({"task": t.name, "harness": h, "discovery": res.episode_id, "k": k, "runbook": None,
-                       "accepted": False, "reasons": ["planning_prompt_too_long"], "details": []})
+                       "accepted": False, "reasons": [failed], "details": []})
       continue
     counts.add("planned", t.family, h)
     v = review(t, text, judge=judge, network=network)
     for reason in v.reasons:
       counts.add(f"rejected:{reason}", t.family, h)
+    if not v.accepted:
+      counts.add("review_rejected", t.family, h)
     if v.accepted:
       counts.add("reviewed", t.family, h)
       accepted_runbooks.append((len(runbooks), t, h, text))
@@ -192,10 +201,16 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
       if screen.accepted:
         counts.add("leak_screened", t.family, h)
         # 5. projection: conditioned on the public instruction only
-        episodes.append(episode_samples(project(res, harness, t), len(episodes)))
-        records.append({"task": t.name, "family": t.family, "harness": h, "runbook": rb_id, "repeat": m,
-                        "episode_id": res.episode_id})
-        counts.add("accepted", t.family, h)
+        try:
+          segments = project(res, harness, t)
+        except ProjectionError as e:
+          counts.add("rejected:projection", t.family, h)
+          row["error"] = str(e)
+        else:
+          episodes.append(episode_samples(segments, len(episodes)))
+          records.append({"task": t.name, "family": t.family, "harness": h, "runbook": rb_id, "repeat": m,
+                          "episode_id": res.episode_id})
+          counts.add("accepted", t.family, h)
       else:
         for reason in screen.reasons:
           counts.add(f"rejected:screen:{reason}", t.family, h)
@@ -203,7 +218,7 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
   log(f"execution: {len(records)} accepted of {len(ex_jobs)} runs")
 
   manifest = {
-      "policy": label, "tasks": len(tasks),
+      "policy": label, "tasks": len(tasks), "input_actor_digest": input_digest,
       "settings": {"harnesses": list(r.harnesses), "target_harness": r.target_harness,
                    "discovery_attempts": r.discovery_attempts, "num_runbooks": r.num_runbooks,
                    "num_repeats": r.num_repeats, "judge": bool(r.judge)},
@@ -242,6 +257,8 @@ def funnel_table(manifest: dict) -> str:
   rows = [["stage", "all", *hs]]
   for s in STAGES:
     rows.append([s, str(manifest["stages"][s]), *(str(manifest["by_harness"][h][s]) for h in hs)])
+  rows.append(["  runbooks rejected", str(manifest["stages"]["review_rejected"]),
+               *(str(manifest["by_harness"][h]["review_rejected"]) for h in hs)])
   for reason, n in manifest["stages"]["rejected"].items():
     rows.append([f"  rejected {reason}", str(n),
                  *(str(manifest["by_harness"][h]["rejected"].get(reason, 0)) for h in hs)])

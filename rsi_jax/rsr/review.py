@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import fnmatch
+import json
+import os
 import re
 import shlex
 from collections.abc import Callable, Sequence
@@ -48,6 +51,7 @@ INTERACTIVE = {"vim", "vi", "nano", "emacs", "less", "more", "top", "htop", "wat
 NETWORK = re.compile(r"\b(curl|wget|git\s+clone|pip3?\s+install|uv\s+pip\s+install|apt(-get)?\s+install"
                      r"|npm\s+install|conda\s+install|docker\s+pull)\b")
 REPL = {"python", "python3", "bash", "sh", "node", "irb", "psql", "mysql", "sqlite3"}
+GENERIC_NAMES = {"test.sh", "run-tests.sh", "solve.sh", "solution.sh", "conftest.py"}
 COMMON_LITERALS = {"utf-8", "utf8", "ascii", "latin-1", "r:gz", "w:gz", "rb", "wb", "true", "false", "none",
                    "null", "__main__", "strict", "replace", "ignore"}
 
@@ -124,9 +128,15 @@ def _task_facts(task: Task) -> TaskFacts:
   test_files += [Path(p) for p in task.extra_test_files]
   public_names = frozenset(p.name for p in files)
   public_text = "\n".join(texts)
-  def public(lit: str) -> bool:  # named by the public text, or a public file's path (or its tail)
+  def public(lit: str) -> bool:
+    """Named by the public text, a public file's path (or its tail), or made only of public tokens (a
+    line such as ``port = 9090`` composed from what the instruction says)."""
     tail = "/" + lit.lstrip("/").removeprefix("./")
-    return _mentions(public_text, lit) or lit in with_parents or any(p.endswith(tail) for p in with_parents)
+    if _mentions(public_text, lit) or lit in with_parents or any(p.endswith(tail) for p in with_parents):
+      return True
+    tokens = re.findall(r"[\w.\-/]+", lit)
+    small = lambda t: re.fullmatch(r"[\d./\-]+", t) and len(re.sub(r"\D", "", t).strip("0")) < 3  # noqa: E731
+    return len(tokens) > 1 and all(small(t) or _mentions(public_text, t) for t in tokens)
   literals = sorted({lit for p in test_files for lit in _literals(p)
                      if lit.lower() not in COMMON_LITERALS and not public(lit)})
   sol_names = set(SOLUTION_NAMES)
@@ -151,54 +161,91 @@ def _read_text(p: Path, limit: int = 1 << 20) -> str:
 
 
 def _dockerfile_layout(text: str) -> tuple[str, list[tuple[str, str]]]:
-  """WORKDIR (the last one; /app if none) and (source, destination) of every COPY / ADD."""
+  """WORKDIR (the last one; /app if none) and (source, destination) of every COPY / ADD (shell or JSON
+  form)."""
   workdir, copies = "/app", []
   text = re.sub(r"\\\n", " ", text)
   for line in text.splitlines():
-    words = line.strip().split()
+    words = line.strip().split(None, 1)
     if not words:
       continue
-    op = words[0].upper()
-    if op == "WORKDIR" and len(words) > 1:
-      workdir = words[1] if words[1].startswith("/") else _join(workdir, words[1])
+    op, rest = words[0].upper(), (words[1] if len(words) > 1 else "")
+    if op == "WORKDIR" and rest:
+      d = rest.strip().strip('"')
+      workdir = d if d.startswith("/") else _join(workdir, d)
     elif op in ("COPY", "ADD"):
-      args = [w for w in words[1:] if not w.startswith("--")]
+      rest = re.sub(r"^(--\S+\s+)+", "", rest.strip())
+      try:
+        args = json.loads(rest) if rest.startswith("[") else rest.split()
+      except ValueError:
+        args = rest.split()
+      args = [str(a) for a in args]
       if len(args) >= 2:
         dst = args[-1] if args[-1].startswith("/") else _join(workdir, args[-1])
         copies += [(s, dst if len(args) == 2 or dst.endswith("/") else dst + "/") for s in args[:-1]]
   return workdir, copies
 
 
+def _answer_like(v) -> str | None:
+  """The text of a constant that could be a hard-coded answer, else None: strings of 4+ characters that are
+  not a short plain word, a regular expression or a system path; numbers of 3+ significant digits."""
+  if isinstance(v, bool) or v is None:
+    return None
+  if isinstance(v, (int, float)):
+    digits = str(abs(v)).replace(".", "").strip("0")
+    return str(v) if len(digits) >= 3 else None
+  if not isinstance(v, str):
+    return None
+  v = v.strip()
+  if len(v) < 4 or v.lower() in COMMON_LITERALS or "\n" in v.strip():
+    return None
+  if re.fullmatch(r"[A-Za-z_]+", v):
+    return None  # a key, a word of prose, an argument name, an error class
+  if re.search(r"[\[\]()*+?^$\\|{}]", v) or v.startswith(SYSTEM_PREFIXES) or "," in v and " " in v:
+    return None  # a regular expression, a system path, parametrize argument names ("given, want")
+  return v
+
+
 def _literals(path: Path) -> set[str]:
-  """Values a test compares against: string constants (4+ characters, not docstrings, assertion messages
-  or f-string text) and numbers of 3+ significant digits."""
+  """Values a test checks results against: constants inside comparisons (``==``, ``in``, ...), in
+  module-level UPPER_CASE tables of expected values and in ``parametrize`` cases; for other files of the
+  tests (expected outputs), their lines; for shell scripts, quoted strings. Filtered by :func:`_answer_like`."""
   text = _read_text(path)
-  if path.suffix == ".py":
-    try:
-      tree = ast.parse(text)
-    except SyntaxError:
-      tree = None
-    if tree is not None:
-      skip = set()
-      for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body \
-            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
-          skip.add(id(node.body[0].value))
-        if isinstance(node, ast.Assert) and node.msg is not None:
-          skip |= {id(n) for n in ast.walk(node.msg)}
-        if isinstance(node, ast.JoinedStr):
-          skip |= {id(n) for n in ast.walk(node)}
-      out = set()
-      for node in ast.walk(tree):
-        if not isinstance(node, ast.Constant) or id(node) in skip or isinstance(node.value, bool):
-          continue
+  if path.suffix != ".py":
+    if path.suffix in (".sh", ".bash"):
+      found = [a or b for a, b in re.findall(r'"([^"\n$`]{4,})"|\'([^\'\n]{4,})\'', text)]
+    else:
+      found = [ln.strip() for ln in text.splitlines() if len(ln.strip()) >= 8]
+    return {x for x in map(_answer_like, found) if x is not None}
+  try:
+    tree = ast.parse(text)
+  except SyntaxError:
+    return set()
+  roots = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Compare):
+      roots += [x for x in (node.left, *node.comparators) if not isinstance(x, ast.Call)]  # not a call's inputs
+    elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node in tree.body:
+      targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+      if any(isinstance(t, ast.Name) and t.id.isupper() for t in targets) and node.value is not None:
         v = node.value
-        if isinstance(v, str) and len(v.strip()) >= 4:
-          out.add(v.strip())
-        elif isinstance(v, (int, float)) and len(str(abs(v)).replace(".", "").strip("0")) >= 3:
-          out.add(str(v))
-      return out
-  return {a or b for a, b in re.findall(r'"([^"\n$`]{4,})"|\'([^\'\n]{4,})\'', text)}
+        roots += list(v.values) if isinstance(v, ast.Dict) else [v]  # a table's values, not its keys
+  out = set()
+  for r in roots:
+    for n in _constants(r):
+      v = _answer_like(n.value)
+      if v is not None:
+        out.add(v)
+  return out
+
+
+def _constants(node):
+  """Constants under ``node``, not inside f-strings or calls (a call's arguments are inputs)."""
+  if isinstance(node, ast.Constant):
+    yield node
+  elif not isinstance(node, (ast.JoinedStr, ast.Call)):
+    for child in ast.iter_child_nodes(node):
+      yield from _constants(child)
 
 
 def _mentions(text: str, value: str) -> bool:
@@ -210,35 +257,53 @@ def _mentions(text: str, value: str) -> bool:
 
 # ------------------------------------------------------------------------------------------------ rules
 
+_FENCE = re.compile(r"^[ \t]*(```|~~~)[^\n]*\n(.*?)^[ \t]*\1[ \t]*$", re.DOTALL | re.MULTILINE)
+
 
 def sections(runbook: str) -> dict[str, str]:
-  """``## Name`` sections of a Markdown runbook: {name: body}."""
-  out, name, lines = {}, None, []
-  for line in runbook.splitlines():
-    m = re.match(r"^##\s+(.+?)\s*#*\s*$", line)
-    if m and not line.startswith("###"):
-      if name is not None:
-        out[name] = "\n".join(lines).strip()
-      name, lines = m.group(1).strip(), []
-    elif name is not None:
-      lines.append(line)
+  """Sections of a Markdown runbook by heading (``#`` to ``###``, numbering and trailing punctuation
+  allowed, headings inside code fences ignored): {first word of the heading, e.g. "Steps": body}."""
+  fenced = [(m.start(), m.end()) for m in _FENCE.finditer(runbook)]
+  out, name, start = {}, None, 0
+  for m in re.finditer(r"^#{1,3}[ \t]+(?:\d+[.)][ \t]*)?([A-Za-z]+)[^\n]*$", runbook, re.MULTILINE):
+    if any(a <= m.start() < b for a, b in fenced):
+      continue
+    if name is not None:
+      out.setdefault(name, runbook[start:m.start()].strip())
+    name, start = m.group(1).capitalize(), m.end()
   if name is not None:
-    out[name] = "\n".join(lines).strip()
+    out.setdefault(name, runbook[start:].strip())
   return out
 
 
 def commands(text: str) -> list[str]:
-  """Shell commands in Markdown: fenced code blocks and inline code spans."""
-  cmds = [b.strip() for b in re.findall(r"```[\w-]*\n(.*?)```", text, re.DOTALL)]
-  rest = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+  """Shell commands in Markdown: fenced code blocks (``` or ~~~, any info string) and inline code spans."""
+  cmds = [m.group(2).strip() for m in _FENCE.finditer(text)]
+  rest = _FENCE.sub("", text)
   cmds += [c.strip() for c in re.findall(r"`([^`\n]+)`", rest)]
   return [c for c in cmds if c]
 
 
+def _strip_heredocs(cmd: str) -> str:
+  """A shell text without the bodies of its here-documents (they are data, not commands)."""
+  lines, out, end = cmd.splitlines(), [], None
+  for line in lines:
+    if end is not None:
+      if line.strip() == end:
+        end = None
+      continue
+    out.append(line)
+    m = re.search(r"<<-?\s*(['\"]?)(\w+)\1", line)
+    if m:
+      end = m.group(2)
+  return "\n".join(out)
+
+
 def _words(cmd: str) -> list[list[str]]:
-  """Simple commands of a shell line (split at pipes, ;, &&, ||, newlines), each as words."""
+  """Simple commands of a shell text (here-document bodies dropped; split at pipes, ;, &&, ||, newlines),
+  each as words."""
   out = []
-  for part in re.split(r"\|\||&&|[|;\n]", cmd):
+  for part in re.split(r"\|\||&&|[|;\n]", _strip_heredocs(cmd)):
     try:
       w = shlex.split(part, comments=True)
     except ValueError:
@@ -253,77 +318,168 @@ def _is_path(w: str) -> bool:
       and not re.search(r"[*?$\{\}<>=\\\[\]]", w) and "://" not in w and not re.fullmatch(r"[\d.]+", w)
 
 
-def _reads_and_writes(cmds: Sequence[str], workdir: str) -> tuple[list[str], set[str]]:
-  reads, writes = [], set()
+SCRIPT_FIRST = {"sed", "awk", "grep", "egrep", "fgrep", "jq"}  # the first operand is a script / pattern
+_PRIVATE = (("/tests", "leakage:verifier_path"), ("/logs/verifier", "leakage:verifier_path"),
+            ("/logs/agent", "leakage:verifier_path"), ("/solution", "leakage:solution"),
+            ("/oracle", "leakage:solution"))
+
+
+def _abs(w: str, cwd: str) -> str:
+  return os.path.normpath(w if w.startswith("/") else _join(cwd, w))
+
+
+def _operands(prog: str, args: list[str]) -> list[str]:
+  """The file operands of a simple command (a script / pattern operand and inline code skipped)."""
+  out, skip_script = [], prog in SCRIPT_FIRST
+  if any(a in ("-e", "-f", "--expression", "--file") for a in args):
+    skip_script = False
+  for i, a in enumerate(args):
+    if a == "-c" and (prog.startswith("python") or prog in ("sh", "bash", "dash", "zsh")):
+      break  # inline code follows
+    if a.startswith("-"):
+      continue
+    if skip_script:
+      skip_script = False
+      continue
+    out.append(a)
+  return out
+
+
+def _walk(cmds: Sequence[str], workdir: str):
+  """For each simple command in order: (program, words, cwd) — ``cd`` followed."""
   cwd = workdir
-  absp = lambda w, c: w if w.startswith("/") else _join(c, w.removeprefix("./"))  # noqa: E731
   for cmd in cmds:
-    writes |= {absp(w.strip("\"'"), cwd) for w in re.findall(r">>?\s*([^\s;&|<>]+)", cmd)}
     for words in _words(cmd):
       prog = Path(words[0]).name
-      args = [w for w in words[1:]]
-      if prog == "cd" and args:
-        cwd = absp(args[0], cwd)
+      if prog == "cd" and len(words) > 1 and "$" not in words[1]:
+        cwd = _abs(words[1], cwd)
+      yield prog, words, cwd, cmd
+
+
+def _private_hits(cmds: Sequence[str], workdir: str) -> list[tuple[str, str]]:
+  """Operands of the commands that resolve into the verifier's or the solution's folders: absolute or
+  relative (``cd`` followed), with ``..``, or a glob that reaches them."""
+  found = []
+  for _, words, cwd, _ in _walk(cmds, workdir):
+    for w in words[1:]:
+      if w.startswith("-") or "://" in w or "$" in w:
         continue
-      if prog in WRITERS or prog in ("tar", "zip", "gzip"):
-        writes |= {absp(w, cwd) for w in args if _is_path(w)}
-      if "-o" in args and args.index("-o") + 1 < len(args):
-        writes.add(absp(args[args.index("-o") + 1], cwd))
-      if prog in READERS:
-        for w in args:
-          if w.startswith("-c") and prog.startswith("python"):
-            break  # inline code follows
-          if _is_path(w):
-            reads.append(absp(w, cwd))
-  return reads, writes
+      p = _abs(w, cwd)
+      for prefix, kind in _PRIVATE:
+        if p == prefix or p.startswith(prefix + "/") or (re.search(r"[*?\[]", p) and _glob_reaches(p, prefix)):
+          found.append((kind, f"{w!r} reaches {prefix}"))
+  return found
+
+
+def _glob_reaches(pattern: str, prefix: str) -> bool:
+  pc, qc = pattern.strip("/").split("/"), prefix.strip("/").split("/")
+  return all(fnmatch.fnmatchcase(q, c) for q, c in zip(qc, pc))
+
+
+def _written(cmds: Sequence[str], workdir: str) -> set[str]:
+  out = set()
+  for prog, words, cwd, cmd in _walk(cmds, workdir):
+    out |= {_abs(w.strip("\"'"), cwd) for w in re.findall(r">>?\s*([^\s;&|<>]+)", " ".join(words))}
+    if prog in WRITERS or prog in ("tar", "zip", "gzip"):
+      out |= {_abs(w, cwd) for w in words[1:] if _is_path(w)}
+  return out
+
+
+def _artifact_findings(cmds: Sequence[str], facts: TaskFacts) -> list[tuple[str, str]]:
+  """Files the commands read that neither the public world nor an earlier (or the same) command has."""
+  found, writes = [], set()
+  for prog, words, cwd, cmd in _walk(cmds, facts.workdir):
+    writes |= {_abs(w.strip("\"'"), cwd) for w in re.findall(r">>?\s*([^\s;&|<>]+)", cmd)}
+    if prog in WRITERS or prog in ("tar", "zip", "gzip"):
+      writes |= {_abs(w, cwd) for w in words[1:] if _is_path(w)}
+    if "-o" in words and words.index("-o") + 1 < len(words):
+      writes.add(_abs(words[words.index("-o") + 1], cwd))
+    if prog not in READERS:
+      continue
+    for w in _operands(prog, words[1:]):
+      if not _is_path(w):
+        continue
+      p = _abs(w, cwd)
+      if any(p == pre or p.startswith(pre + "/") for pre, _ in _PRIVATE):
+        continue  # leakage, reported as such
+      public = p in facts.public_paths or p.startswith(SYSTEM_PREFIXES) \
+          or (not w.startswith("/") and Path(w).name in facts.public_names)
+      if not public and not any(p == x or p.startswith(x.rstrip("/") + "/") for x in writes):
+        found.append(("artifact", f"reads {p}, which the public environment does not have"))
+  return found
+
+
+def _compat_findings(cmds: Sequence[str], network: bool) -> list[tuple[str, str]]:
+  found = []
+  for c in cmds:
+    simple = _words(c)
+    for i, words in enumerate(simple):
+      prog = Path(words[0]).name
+      if prog in INTERACTIVE:
+        found.append(("compatibility", f"interactive program {prog!r} cannot run under the harness"))
+      elif prog in REPL and len(words) == 1 and len(simple) == 1 and "<" not in c:
+        found.append(("compatibility", f"{prog!r} without a script waits for interactive input"))
+      if not network and _needs_network(prog, words):
+        found.append(("compatibility", f"needs the network, which the sandbox does not have: {' '.join(words)[:80]!r}"))
+  return found
+
+
+def _needs_network(prog: str, words: list[str]) -> bool:
+  rest = words[1:]
+  if prog in ("curl", "wget"):
+    return True
+  if prog in ("pip", "pip3", "npm", "conda", "apt", "apt-get", "gem", "cargo", "yarn") and "install" in rest:
+    return True
+  if prog.startswith("python") and rest[:3] == ["-m", "pip", "install"]:
+    return True
+  if prog == "uv" and (rest[:2] == ["pip", "install"] or rest[:1] == ["add"]):
+    return True
+  return prog == "git" and bool(rest) and rest[0] in ("clone", "fetch", "pull")
+
+
+def _name_findings(text: str, cmds: Sequence[str], facts: TaskFacts, who: str) -> list[tuple[str, str]]:
+  """Private file names mentioned in ``text``; a generic name (``test.sh``, ``solve.sh``, ...) counts only
+  where the commands do not write a file of that name themselves."""
+  own = {Path(p).name for p in _written(cmds, facts.workdir)}
+  found = []
+  for names, kind, what in ((facts.test_names, "leakage:test_file", "test file"),
+                            (facts.solution_names, "leakage:solution", "reference solution's file")):
+    for n in sorted(names):
+      if n in GENERIC_NAMES and n in own:
+        continue
+      if _mentions(text, n):
+        found.append((kind, f"{who} the {what} {n}"))
+  return found
 
 
 def rule_findings(task: Task, runbook: str, *, network: bool = False) -> list[tuple[str, str]]:
   facts = task_facts(task)
   found: list[tuple[str, str]] = []
-  secs = {k.lower(): v for k, v in sections(runbook).items()}
+  secs = sections(runbook)
   for s in SECTIONS:
-    if s.lower() not in secs:
+    if s not in secs:
       found.append(("schema", f"missing section ## {s}"))
-    elif not secs[s.lower()].strip():
+    elif not secs[s].strip():
       found.append(("schema", f"section ## {s} is empty"))
-  steps = secs.get("steps", "")
+  steps = secs.get("Steps", "")
   cmds = commands(steps)
-  if "steps" in secs and not re.search(r"^\s*([-*+]|\d+[.)])\s+\S", steps, re.MULTILINE) and not cmds:
+  if "Steps" in secs and not re.search(r"^\s*([-*+]|\d+[.)])\s+\S", steps, re.MULTILINE) and not cmds:
     found.append(("schema", "## Steps lists no step"))
-  # compatibility with the target harness
-  if "steps" in secs and not cmds:
+  if "Steps" in secs and not cmds:
     found.append(("compatibility", "no step gives a shell command"))
-  for c in cmds:
-    for words in _words(c):
-      prog = Path(words[0]).name
-      if prog in INTERACTIVE or (prog in REPL and len(words) == 1):
-        found.append(("compatibility", f"interactive program {prog!r} cannot run under the harness"))
-    if not network and NETWORK.search(c):
-      found.append(("compatibility", f"needs the network, which the sandbox does not have: {c[:80]!r}"))
-  # artifacts read must exist in the public world or be written by an earlier step
-  reads, writes = _reads_and_writes(cmds, facts.workdir)
-  for p in reads:
-    if VERIFIER_PATHS.search(p):
-      continue  # reported as leakage below
-    public = p in facts.public_paths or p.startswith(SYSTEM_PREFIXES) or Path(p).name in facts.public_names
-    if not public and not any(p == w or p.startswith(w.rstrip("/") + "/") for w in writes):
-      found.append(("artifact", f"reads {p}, which the public environment does not have"))
+  all_cmds = cmds + commands(secs.get("Checks", ""))
+  found += _compat_findings(all_cmds, network)
+  found += _artifact_findings(all_cmds, facts)
   # leakage
-  text = runbook
-  for m in VERIFIER_PATHS.finditer(text):
+  for m in VERIFIER_PATHS.finditer(runbook):
     kind = "leakage:solution" if m.group(0) in ("/oracle", "/solution") else "leakage:verifier_path"
     found.append((kind, f"names {m.group(0)}"))
-  if facts.test_script and facts.test_script in text:
+  found += _private_hits(all_cmds, facts.workdir)
+  if facts.test_script and facts.test_script in runbook:
     found.append(("leakage:verifier_path", f"names the verifier's script {facts.test_script}"))
-  for n in sorted(facts.test_names):
-    if _mentions(text, n):
-      found.append(("leakage:test_file", f"names the test file {n}"))
-  for n in sorted(facts.solution_names):
-    if _mentions(text, n):
-      found.append(("leakage:solution", f"names the reference solution's file {n}"))
+  found += _name_findings(runbook, all_cmds, facts, "names")
   for lit in facts.test_literals:
-    if _mentions(text, lit):
+    if _mentions(runbook, lit):
       found.append(("leakage:answer", f"hard-codes {lit[:60]!r}, a value of the tests found nowhere public"))
   return found
 
@@ -345,37 +501,45 @@ def review(task: Task, runbook: str, *, judge: Judge | None = None, network: boo
 
 def screen_trajectory(task: Task, transcript) -> Review:
   """q_leak(τ) on an executed trajectory: the agent's actions must not read the verifier's files
-  (``/tests``, ``/logs/verifier``, reward files, test file names) or the reference solution.
-  ``transcript``: chat messages (``{"role", "content"}``) or an :class:`~rsi_jax.env.EpisodeResult`."""
+  (``/tests``, ``/logs/verifier``, reward files, test file names) or the reference solution, however the
+  path is written (relative, with ``..``, a glob). ``transcript``: chat messages (``{"role", "content"}``)
+  or an :class:`~rsi_jax.env.EpisodeResult`. Observations are not screened: they are what the world printed."""
   if hasattr(transcript, "messages"):
     transcript = transcript.messages()
   facts = task_facts(task)
+  texts = [str(m.get("content", "")) for m in transcript if m.get("role") == "assistant"]
+  cmds = [c for c in map(_action_command, texts) if c]
   found = []
-  for m in transcript:
-    if m.get("role") != "assistant":
-      continue
-    text = str(m.get("content", ""))
+  for text in texts:
     for hit in VERIFIER_PATHS.finditer(text):
       kind = "leakage:solution" if hit.group(0) in ("/oracle", "/solution") else "leakage:verifier_path"
       found.append((kind, f"the agent touched {hit.group(0)}"))
-    for n in sorted(facts.test_names):
-      if _mentions(text, n):
-        found.append(("leakage:test_file", f"the agent named the test file {n}"))
-    for n in sorted(facts.solution_names):
-      if _mentions(text, n):
-        found.append(("leakage:solution", f"the agent named the reference solution's file {n}"))
+  found += _private_hits(cmds, facts.workdir)
+  found += _name_findings("\n".join(texts), cmds, facts, "the agent named")
   return Review.of(found)
 
 
-class ModelJudge:
-  """The actor as an optional reviewer: prompted with the public instruction and the runbook, it answers
-  ACCEPT or REJECT; anything but a leading ACCEPT rejects. Consulted only after the rules accept."""
+def _action_command(text: str) -> str | None:
+  """The shell command of a reply under either action convention (None if it has none)."""
+  from rsi_jax.env import actions as A
+  for parse in (A.parse_json_action, A.parse_xml_action):
+    try:
+      return parse(text).command
+    except A.ActionError:
+      continue
+  return None
 
-  def __init__(self, policy, renderer, template: str, sampling):
+
+class ModelJudge:
+  """The actor as an optional reviewer: prompted (``template``: a :class:`~rsi_jax.rsr.runbook.Template`
+  with ``${instruction}`` and ``${runbook}``) with the public instruction and the runbook, it answers ACCEPT
+  or REJECT; anything but a leading ACCEPT rejects. Consulted only after the rules accept."""
+
+  def __init__(self, policy, renderer, template, sampling):
     self.policy, self.renderer, self.template, self.sampling = policy, renderer, template, sampling
 
   def __call__(self, task: Task, runbook: str) -> Review:
-    prompt = self.template.format(instruction=task.instruction.strip(), runbook=runbook.strip())
+    prompt = self.template.render(instruction=task.instruction.strip(), runbook=runbook.strip())
     ids = self.renderer.render([{"role": "user", "content": prompt}], add_generation_prompt=True).ids
     comp = self.policy.generate([int(i) for i in ids], self.sampling)
     text = self.renderer.decode([i for i in comp.token_ids if i not in self.renderer.eos_ids]).strip()

@@ -67,7 +67,8 @@ class ScriptedRSRPolicy:
 
   def _runbook(self, prompt: str) -> str:
     task = self._task(prompt)
-    trace = prompt.split("its exit status and\noutput:\n\n", 1)[-1].split("\n\nWrite a runbook", 1)[0]
+    before, after = _plan_template_around_transcript()
+    trace = prompt.split(before, 1)[-1].split(after, 1)[0]
     cmds, cur = [], None
     for line in trace.splitlines():
       if line.startswith("$ ") and cur is None:
@@ -89,6 +90,15 @@ class ScriptedRSRPolicy:
     ids = self.tok.encode(text) + [self.tok.im_end_id]
     return Completion(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32), FINISH_EOS,
                       self.weight_version, prompt_len=len(prompt_ids))
+
+
+def _plan_template_around_transcript() -> tuple[str, str]:
+  """The planning template's text just before and just after ``${transcript}`` (where C(τ) sits)."""
+  from rsi_jax.config import RSRConfig
+  from rsi_jax.rsr.runbook import load_template
+  text = load_template(RSRConfig().plan_template).text
+  head, tail = text.split("${transcript}", 1)
+  return head[-40:], tail.split("$", 1)[0][:40]
 
 
 def _workdir(task) -> str:

@@ -88,3 +88,13 @@ def test_strip_control_cuts_long_output_and_names_unknown_harness():
   assert "a" * 50 in text and "b" * 50 in text and "a" * 51 not in text and "900 characters cut" in text
   with pytest.raises(ValueError, match="unknown harness 'oracle'"):
     strip_control(long, "oracle")
+
+
+def test_output_is_kept_as_it_was_under_every_harness():
+  """Banner-like lines *inside* a command's output are output (only text around the wrapping is dropped):
+  the same command and output give the same C(τ) under json and xml."""
+  out = "Step 1/3\nattempt failed\nNew terminal output:\nTurns left: 2\n"
+  texts = {h: strip_control([{"role": "assistant", "content": action(h, "./retry.sh")},
+                             {"role": "tool", "content": "Turn 2/8\n" + FMT[h](out, 1, False) + "\nReminder"}], h)
+           for h in ("json", "xml")}
+  assert texts["json"] == texts["xml"] == "$ ./retry.sh\n[exit 1]\n" + out

@@ -90,7 +90,8 @@ def test_funnel_end_to_end_counts_what_happened(pool, tasks, tokenizer, renderer
   # 3 tasks x 2 harnesses; K = 2 runbooks each; NAMES[1]'s runbooks leak; M = 2 executions of the others,
   # NAMES[2]'s executions read /tests
   assert st["attempted"] == 6 and st["discovered"] == 6 and st["planned"] == 12
-  assert st["reviewed"] == 8 and st["rejected"]["leakage:verifier_path"] == 4
+  assert st["reviewed"] == 8 and st["rejected"]["leakage:verifier_path"] == 4 and st["review_rejected"] == 4
+  assert st["reviewed"] + st["review_rejected"] == st["planned"]
   assert st["executed"] == 16 and st["verified"] == 16
   assert st["leak_screened"] == 8 and st["rejected"]["screen:leakage:verifier_path"] == 8
   assert st["accepted"] == 8 == len(res.episodes) == len(res.records)

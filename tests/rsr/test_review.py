@@ -55,7 +55,7 @@ def test_verifier_paths_and_solution_names():
     assert "leakage:verifier_path" in review(BACKUP, runbook(checks=f"- {text}")).reasons, text
   assert "leakage:solution" in review(BACKUP, runbook(checks="- do what solve.sh does")).reasons
   # a word that merely contains a private name is not a mention of it
-  assert review(BACKUP, runbook(checks="- `ls /app/tests_backup_dir` is not needed; `ls /app`")).accepted
+  assert review(BACKUP, runbook(checks="- a folder named tests_backup_dir is not a mention; `ls /app`")).accepted
 
 
 def test_schema_artifact_and_compatibility_rules():
@@ -94,7 +94,7 @@ def test_answer_literals_are_values_of_the_tests_found_nowhere_public():
 
 def test_a_judge_can_only_reject(tokenizer, renderer):
   template = load_template("configs/rsr/judge.md")
-  judge = lambda reply: ModelJudge(ScriptedPolicy(tokenizer, [reply]), renderer, template.text,  # noqa: E731
+  judge = lambda reply: ModelJudge(ScriptedPolicy(tokenizer, [reply]), renderer, template,  # noqa: E731
                                    SamplingParams(max_new_tokens=32))
   assert review(BACKUP, runbook(), judge=judge("ACCEPT fine")).accepted
   v = review(BACKUP, runbook(), judge=judge("REJECT it guesses values"))
@@ -103,10 +103,56 @@ def test_a_judge_can_only_reject(tokenizer, renderer):
   yes = judge("ACCEPT")
   v = review(BACKUP, LEAKS["leakage:answer"], judge=yes)
   assert not v.accepted and "leakage:answer" in v.reasons and yes.policy.calls == []
-  # the judge sees only the public instruction and the runbook
+  # the judge sees the public instruction and the runbook, rendered into its template, and nothing else
   review(BACKUP, runbook(), judge=yes)
   prompt = tokenizer.decode(yes.policy.calls[0])
-  assert BACKUP.instruction.strip() in prompt and "test_outputs" not in prompt and README_SHA not in prompt
+  assert f"Task:\n{BACKUP.instruction.strip()}\n" in prompt and f"Runbook:\n{runbook().strip()}\n" in prompt
+  assert "${" not in prompt and "test_outputs" not in prompt and README_SHA not in prompt
+
+
+AGENT_STYLE = {  # steps and checks an agent writes from what it ran and saw: none of them is leakage
+    "text-processing-error-summary": ["`grep -oE '\\[[a-z]+\\]' /app/logs/app.log | sort | uniq -c`",
+                                      "the count of each level is printed"],
+    "shell-scripting-retry": ["`/app/retry.sh 3 0 /app/flaky.sh` prints `attempt 1/3`",
+                              "the count of attempts is at most 3"],
+    "python-fix-csv-stats": ["`printf 'a,b\\n1,2\\n' > /tmp/d.csv && python3 /app/stats.py /tmp/d.csv b` prints "
+                             "no Traceback",
+                             "`printf 'x\\n' | python3` runs without error"],
+    "file-ops-sort-by-extension": ["json files end up in `/app/sorted/json`", "`ls /app/sorted`"],
+    "text-processing-access-log": ["`grep -v curl /app/logs/access.log | wc -l`",
+                                   "`sed -n '/start/,/end/p' /app/logs/access.log | head`"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(AGENT_STYLE))
+def test_agent_style_checks_are_not_rejected(name):
+  task = TASKS[name]
+  step, check = AGENT_STYLE[name]
+  v = review(task, runbook(steps=f"1. {step}\n2. Run:\n```bash\npython3 - <<'PY'\ntop = sorted([3, 1])\n"
+                                 f"print(top)\nPY\n```", checks=f"- {check}"))
+  assert v.accepted, v
+
+
+def test_relative_and_globbed_private_paths_are_leakage():
+  for cmd in ("cd / && ls tests", "cd /app && cat ../tests/test.sh", "ls /te*", "cat /t*/test_outputs.py",
+              "cd /logs && cat verifier/reward.txt", "cd / && cat solution/solve.sh"):
+    v = review(BACKUP, runbook(steps=f"1. `{cmd}`\n2. `cd /app && tar -czf backup.tar.gz project`"))
+    assert any(r.startswith("leakage:") for r in v.reasons), (cmd, v)
+    assert not screen_trajectory(BACKUP, msgs(*cmd.split(" && "))).accepted, cmd
+  # the agent's own scripts may have generic names
+  own = msgs("printf 'echo hi' > /tmp/test.sh && bash /tmp/test.sh")
+  assert screen_trajectory(BACKUP, own).accepted
+  assert review(BACKUP, runbook(steps="1. `printf 'tar -czf /app/backup.tar.gz -C /app project' > /tmp/solve.sh`\n"
+                                      "2. `bash /tmp/solve.sh`")).accepted
+
+
+def test_markdown_variants():
+  body = ("# 1. Goal:\nBack up.\n\n### Steps (commands)\n~~~ bash\n# a comment, not a heading\n"
+          "cd /app && tar -czf backup.tar.gz project\n~~~\n\n## Checks\n- `ls /app`\n")
+  assert review(BACKUP, body).accepted
+  from rsi_jax.rsr.review import _dockerfile_layout
+  assert _dockerfile_layout('WORKDIR /srv\nCOPY ["src", "/srv/src"]\nCOPY --chown=1:1 a.txt b/\n') == (
+      "/srv", [("src", "/srv/src"), ("a.txt", "/srv/b/")])
 
 
 def msgs(*commands):
