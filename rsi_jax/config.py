@@ -310,6 +310,7 @@ class EnvConfig:
   harness: str = "json"
   build_network: str = "none"  # network of task image builds: none | host (apt-get from a mirror)
   pids_limit: int = 512  # per container, unless the task sets environment.pids
+  disk_limit: str = "10G"  # what one container may write, unless the task sets environment.storage
 
   def validate(self, p):
     _check(self.concurrency > 0, f"{p}.concurrency", f"must be > 0, got {self.concurrency}")
@@ -321,6 +322,11 @@ class EnvConfig:
     _check(self.harness in ("json", "xml", "oracle"), f"{p}.harness",
            f"must be json/xml/oracle, got {self.harness!r}")
     _check(self.pids_limit > 0, f"{p}.pids_limit", f"must be > 0, got {self.pids_limit}")
+    try:
+      from rsi_jax.env.tasks import parse_memory
+      parse_memory(self.disk_limit)
+    except ValueError:
+      _check(False, f"{p}.disk_limit", f"must be a size such as \"10G\", got {self.disk_limit!r}")
     for k, v in self.image_map.items():
       _check(isinstance(v, str) and v != "", f"{p}.image_map.{k}", f"must map to an image name, got {v!r}")
     for k in ("command_timeout_s", "agent_timeout_s", "verifier_timeout_s"):

@@ -21,12 +21,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from rsi_jax.env.harness import AgentRun, Harness, Segment, Turn
 from rsi_jax.env.sandbox import (DOCKER_ERROR, DockerSandbox, SandboxError, build_task_image,
                                  docker_client, install_signal_handlers, reap_orphans)
-from rsi_jax.env.tasks import Task, effective_image_map
+from rsi_jax.env.tasks import Task, effective_image_map, parse_memory
 from rsi_jax.env.verifier import VerifierRun, verify
 from rsi_jax.rl.ctrf import VerificationOutcome, verification_outcome
 
 log = logging.getLogger(__name__)
 
+NEEDS_INTERNET = "needs_internet"  # the task asks for the network the run does not give: refused, never scored
 AGENT_ERROR = "agent_error"  # the harness or policy raised (not the agent's behaviour: masked, counted)
 ABORTED = "aborted"  # stopped on purpose (oversampling: enough other episodes finished first)
 
@@ -49,12 +50,14 @@ class EnvSettings:
   verifier_timeout_s: float | None = None  # None: the task's own
   hygiene_patterns: tuple = ()
   pids_limit: int = 512  # unless the task sets its own
+  disk_limit_bytes: int = 10 << 30  # what a container may write, unless the task sets environment.storage
 
   @classmethod
   def from_config(cls, cfg, run_id: str, hygiene_patterns=()) -> "EnvSettings":
     """From an ``EnvConfig``: the config's timeouts cap the tasks' own."""
     return cls(run_id=run_id, image_map=effective_image_map(cfg.image_map, cfg.base_image),
                build_network=cfg.build_network, pids_limit=cfg.pids_limit,
+               disk_limit_bytes=parse_memory(cfg.disk_limit),
                network=cfg.network, output_cap_bytes=cfg.output_cap_bytes,
                command_timeout_s=cfg.command_timeout_s, agent_timeout_s=cfg.agent_timeout_s,
                verifier_timeout_s=cfg.verifier_timeout_s, hygiene_patterns=tuple(hygiene_patterns))
@@ -152,6 +155,13 @@ def run_episode(task: Task, harness: Harness, client, settings: EnvSettings, *, 
                       verification_outcome(infra_error="not run"), endpoint=endpoint)
   agent_timeout = min(task.agent_timeout_s, settings.agent_timeout_s or task.agent_timeout_s)
   verifier_timeout = min(task.verifier_timeout_s, settings.verifier_timeout_s or task.verifier_timeout_s)
+  if task.allow_internet and settings.network == "none":
+    res.failure_kind = NEEDS_INTERNET
+    res.error = (f"{task.name} sets environment.allow_internet = true but env.network is 'none': refused "
+                 f"(give the run a network, or leave the task out)")
+    res.outcome = verification_outcome(infra_error=res.error)
+    res.total_s = time.time() - t0
+    return res
   try:
     image = build_task_image(client, task, settings.image_map, network=settings.build_network)
     res.build_s = time.time() - t0
@@ -159,7 +169,8 @@ def run_episode(task: Task, harness: Harness, client, settings: EnvSettings, *, 
                         cpus=task.cpus, memory_bytes=task.memory_bytes,
                         pids_limit=task.pids_limit or settings.pids_limit,
                         network=settings.network, output_cap_bytes=settings.output_cap_bytes,
-                        command_timeout_s=settings.command_timeout_s)
+                        command_timeout_s=settings.command_timeout_s,
+                        disk_limit_bytes=task.storage_bytes or settings.disk_limit_bytes)
     with box:
       res.start_s = box.start_latency_s or 0.0
       try:
@@ -175,6 +186,7 @@ def run_episode(task: Task, harness: Harness, client, settings: EnvSettings, *, 
         res.failure_kind, res.error = AGENT_ERROR, f"{type(e).__name__}: {e}"
         res.outcome = verification_outcome(infra_error=res.error)
         return res
+      box.check_disk()  # what background writers left after the last command
       res.turns, res.segments, res.stop_reason = run.turns, run.segments, run.stop_reason
       res.prompt_tokens, res.generated_tokens, res.agent_s = run.prompt_tokens, run.generated_tokens, run.duration_s
       v: VerifierRun = verify(box, task, timeout_s=verifier_timeout, hygiene_patterns=settings.hygiene_patterns)
@@ -261,6 +273,19 @@ class EnvPool:
     """Run (task, harness) jobs concurrently; results in job order."""
     futs = [self.submit(t, h) for t, h in jobs]
     return [f.result() for f in futs]
+
+  def check_base_images(self, tasks: Iterable[Task]) -> dict:
+    """Warn (once, before any build) about tasks whose ``FROM`` names an image that is neither available
+    on an endpoint nor mapped by ``env.image_map``; returns {task: [images]}."""
+    from rsi_jax.env.sandbox import _image_exists
+    from rsi_jax.env.tasks import unsatisfied_base_images
+    out = {}
+    for c in self.clients.values():
+      out.update(unsatisfied_base_images(list(tasks), self.settings.image_map, lambda n: _image_exists(c, n)))
+    for name, images in sorted(out.items()):
+      log.warning("%s: base image(s) %s neither present nor mapped (env.image_map): its build will fail",
+                  name, ", ".join(images))
+    return out
 
   def prebuild(self, tasks: Iterable[Task]):
     """Build every task's image on every endpoint (concurrently), so episodes start at once."""

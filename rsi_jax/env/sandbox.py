@@ -58,6 +58,7 @@ CREATE_FAILED = "create_failed"
 BUILD_FAILED = "build_failed"
 VERIFIER_TIMEOUT = "verifier_timeout"
 VERIFIER_ERROR = "verifier_error"
+DISK_LIMIT = "disk_limit"  # the container wrote more than its storage limit: stopped
 
 # PID 1: a bash that reaps orphans. It installs no signal handler, so as a namespace's init it ignores every
 # signal sent from inside (an agent cannot end its own container) and survives `kill -KILL -1`; teardown
@@ -321,6 +322,30 @@ def reap_orphans(client) -> int:
   return n
 
 
+def prune_task_images(client, keep_latest: bool = True) -> list[str]:
+  """Remove task images (``rsi-task-<name>:<content hash>``) no container uses: with ``keep_latest`` all
+  but the newest of each task (the ones of earlier task versions and base images), else all of them.
+  Returns the removed tags."""
+  in_use = {c.image.id for c in client.containers.list(all=True)}
+  by_task: dict[str, list] = {}
+  for img in client.images.list():
+    for tag in img.tags:
+      if tag.startswith(TASK_IMAGE_PREFIX):
+        by_task.setdefault(tag.rsplit(":", 1)[0], []).append((img.attrs.get("Created", ""), tag, img.id))
+  removed = []
+  for _, imgs in sorted(by_task.items()):
+    imgs.sort(reverse=True)
+    for _, tag, iid in imgs[1 if keep_latest else 0:]:
+      if iid in in_use:
+        continue
+      try:
+        client.images.remove(tag)
+        removed.append(tag)
+      except docker.errors.DockerException as e:
+        log.warning("could not remove %s: %s", tag, e)
+  return removed
+
+
 # ----------------------------------------------------------------------------------------------- sandbox
 
 
@@ -336,7 +361,8 @@ class DockerSandbox:
 
   def __init__(self, client, image: str, *, run_id: str, task_name: str = "", episode_id: str = "",
                cpus: float = 1.0, memory_bytes: int = 2 << 30, pids_limit: int = 512,
-               network: str = "none", output_cap_bytes: int = 10_000, command_timeout_s: float = 60.0):
+               network: str = "none", output_cap_bytes: int = 10_000, command_timeout_s: float = 60.0,
+               disk_limit_bytes: int | None = None):
     self.client = client
     self.image = image
     self.run_id, self.task_name = run_id, task_name
@@ -345,6 +371,7 @@ class DockerSandbox:
     self.network = network
     self.output_cap_bytes = output_cap_bytes
     self.command_timeout_s = command_timeout_s
+    self.disk_limit_bytes = disk_limit_bytes  # checked after every command (None: unlimited)
     self.container = None
     self.start_latency_s = None
     self._n = 0
@@ -406,7 +433,34 @@ class DockerSandbox:
   # -- commands
 
   def run(self, command: str, timeout_s: float | None = None) -> CommandResult:
-    """Run one agent command in the persistent shell (cwd and exported variables carry over)."""
+    """Run one agent command in the persistent shell (cwd and exported variables carry over); then the
+    container's writes are held against its storage limit (:meth:`check_disk`)."""
+    res = self._run(command, timeout_s)
+    self.check_disk()
+    return res
+
+  def disk_used(self) -> int:
+    """Bytes the container has written (its writable layer, ``docker ps --size``)."""
+    try:
+      rows = self.client.api.containers(all=True, size=True, filters={"id": self.container.id})
+    except docker.errors.DockerException as e:
+      self._check_alive("a size check")
+      raise SandboxError(DOCKER_ERROR, f"size check failed: {e}") from None
+    return int((rows[0].get("SizeRw") if rows else 0) or 0)
+
+  def check_disk(self):
+    """Over ``disk_limit_bytes``: every process in the container is stopped and :class:`SandboxError`
+    (``disk_limit``) ends the episode, which is counted and masked, with the reason."""
+    if not self.disk_limit_bytes:
+      return
+    used = self.disk_used()
+    if used > self.disk_limit_bytes:
+      self.exec_raw(["kill", "-KILL", "-1"], timeout_s=30)
+      raise SandboxError(DISK_LIMIT, f"{self.task_name}: the container wrote {used / 2**20:.0f} MiB, over its "
+                                     f"storage limit of {self.disk_limit_bytes / 2**20:.0f} MiB (task "
+                                     f"environment.storage or env.disk_limit); stopped")
+
+  def _run(self, command: str, timeout_s: float | None = None) -> CommandResult:
     timeout_s = float(timeout_s or self.command_timeout_s)
     self._n += 1
     n = self._n

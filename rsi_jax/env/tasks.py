@@ -44,7 +44,8 @@ DEFAULT_BUILD_TIMEOUT_S = 600.0
 DEFAULT_MEMORY = "2G"
 DEFAULT_CPUS = 1.0
 # Upstream base images -> the local base (env.base_image); env.image_map entries take precedence.
-DEFAULT_IMAGE_MAP = ("ubuntu:*", "debian:*", "python:3*", "buildpack-deps:*", "ghcr.io/laude-institute/*")
+DEFAULT_IMAGE_MAP = ("ubuntu:*", "debian:*", "python:3*", "python:latest", "buildpack-deps:*",
+                     "ghcr.io/laude-institute/*")
 # Files of a TB1 task folder that never enter its build context (the agent must not find them in the image).
 TB1_PRIVATE = ("tests", "solution.sh", "run-tests.sh", "task.yaml", "docker-compose.yaml",
                "docker-compose.yml")
@@ -77,6 +78,9 @@ class Task:
   test_script: str  # path inside the container the verifier runs with bash
   solution: Path | None  # reference solution script (None if the task ships none)
   extra_test_files: tuple[Path, ...] = ()  # copied to /tests beside tests_dir's content (TB1 run-tests.sh)
+  storage_bytes: int | None = None  # environment.storage: what the container may write (None: env.disk_limit)
+  allow_internet: bool = False  # environment.allow_internet: the task needs the network while it runs
+  verifier_env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # [verifier.env]
   metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the raw metadata file
 
   def summary(self) -> dict:
@@ -143,7 +147,11 @@ def _load_harbor(path: Path) -> Task:
       pids_limit=int(_pos(envs, "pids", f, "environment.pids", 1)) if "pids" in envs else None,
       dockerfile=dockerfile, context_dir=path / "environment", context_exclude=(),
       tests_dir=tests, test_script="/tests/test.sh",
-      solution=solution if solution.is_file() else None, metadata=meta)
+      solution=solution if solution.is_file() else None, metadata=meta,
+      storage_bytes=(_memory(envs.get("storage", envs.get("storage_mb")), f, "environment.storage")
+                     if "storage" in envs or "storage_mb" in envs else None),
+      allow_internet=_bool(envs, "allow_internet", f, "environment.allow_internet"),
+      verifier_env=_str_table(ver.get("env", {}), f, "verifier.env"))
 
 
 def _load_tb1(path: Path) -> Task:
@@ -189,6 +197,20 @@ def _section(meta: Mapping, name: str, f: Path) -> Mapping:
   if not isinstance(s, Mapping):
     raise TaskError(f"{f}: field '{name}' must be a table, got {type(s).__name__}")
   return s
+
+
+def _bool(d: Mapping, key: str, f: Path, field: str, default: bool = False) -> bool:
+  v = d.get(key, default)
+  if not isinstance(v, bool):
+    raise TaskError(f"{f}: field '{field}' must be true or false, got {v!r}")
+  return v
+
+
+def _str_table(v, f: Path, field: str) -> dict[str, str]:
+  if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(x, (str, int, float))
+                                           and not isinstance(x, bool) for k, x in v.items()):
+    raise TaskError(f"{f}: field '{field}' must be a table of names to strings, got {v!r}")
+  return {k: str(x) for k, x in v.items()}
 
 
 def _read_required(p: Path) -> str:
@@ -280,13 +302,56 @@ def resolve_base_image(image: str, image_map: Mapping[str, str],
                        is_local: Callable[[str], bool]) -> str:
   """The image to build FROM: ``image`` if available locally, else the first ``image_map`` glob match.
 
-  An image with no match is returned unchanged (the build then fails naming it)."""
+  References are matched in their canonical short form too (:func:`canonical_image`: registry mirrors of
+  the official images, ``docker.io/library/``, a digest and a missing tag removed), so ``ubuntu``,
+  ``docker.io/library/ubuntu:24.04`` and ``public.ecr.aws/docker/library/python:3.12@sha256:...`` all
+  meet the ``ubuntu:*`` / ``python:3*`` entries. An image with no match is returned unchanged (the build then
+  fails naming it; :func:`unsatisfied_base_images` warns before that)."""
   if is_local(image):
     return image
+  short = canonical_image(image)
   for pattern, target in image_map.items():
-    if fnmatch.fnmatchcase(image, pattern):
+    if fnmatch.fnmatchcase(image, pattern) or fnmatch.fnmatchcase(short, pattern):
       return target
   return image
+
+
+# Registry prefixes under which the official images are mirrored unchanged.
+OFFICIAL_MIRRORS = ("docker.io/library/", "index.docker.io/library/", "registry-1.docker.io/library/",
+                    "public.ecr.aws/docker/library/", "mirror.gcr.io/library/", "docker.io/", "library/")
+
+
+def canonical_image(image: str) -> str:
+  """``docker.io/library/python:3.12@sha256:ab...`` -> ``python:3.12``; ``ubuntu`` -> ``ubuntu:latest``."""
+  ref = image.split("@", 1)[0]
+  for prefix in OFFICIAL_MIRRORS:
+    if ref.startswith(prefix):
+      ref = ref[len(prefix):]
+      break
+  last = ref.rsplit("/", 1)[-1]
+  return ref if ":" in last else ref + ":latest"
+
+
+def unsatisfied_base_images(tasks, image_map: Mapping[str, str], is_local: Callable[[str], bool]) -> dict:
+  """{task name: [base images neither available locally nor mapped]} for the tasks whose Dockerfile names
+  one (stage names and build arguments left aside)."""
+  out = {}
+  for t in tasks:
+    missing, stages = [], set()
+    for line in Path(t.dockerfile).read_text(errors="replace").splitlines():
+      m = _FROM.match(line)
+      if not m:
+        continue
+      image, rest = m.group(3), m.group(4)
+      if image.lower() not in stages and "$" not in image and \
+          resolve_base_image(image, image_map, is_local) == image and not is_local(image):
+        missing.append(image)
+      alias = re.match(r"\s+AS\s+(\S+)", rest, re.IGNORECASE)
+      if alias:
+        stages.add(alias.group(1).lower())
+    if missing:
+      out[t.name] = missing
+  return out
 
 
 def rewrite_dockerfile(text: str, image_map: Mapping[str, str], is_local: Callable[[str], bool],

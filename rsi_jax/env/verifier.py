@@ -181,7 +181,7 @@ def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0) -> VerifierRun:
     guard[f"{SYSTEM_SITE}/{GUARD_MODULE}.py"] = guard[f"{GUARD_LIB}/{GUARD_MODULE}.py"]
   sandbox.put_files(guard)
   # 4. The test script, with a fixed environment.
-  env = {"PATH": VERIFIER_PATH, "TEST_DIR": TESTS_DIR, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
+  env = {**task.verifier_env, "PATH": task.verifier_env.get("PATH", VERIFIER_PATH), "TEST_DIR": TESTS_DIR, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
          "PYTHONSAFEPATH": "1", "PYTHONPYCACHEPREFIX": f"/tmp/.rsi-pycache-{nonce}", "PYTHONPATH": GUARD_LIB,
          "PYTEST_PLUGINS": GUARD_MODULE, "RSI_GUARD_NONCE": nonce, "RSI_GUARD_DIR": GUARD_DIR}
   workdir = (sandbox.container.attrs.get("Config") or {}).get("WorkingDir") or "/"

@@ -130,6 +130,33 @@ def test_image_map_rewrites_only_missing_images(caplog):
   assert "ubuntu:24.04 is not available locally; using rsi-base" in caplog.text
 
 
+@pytest.mark.parametrize("ref, short", [
+    ("ubuntu", "ubuntu:latest"), ("docker.io/library/ubuntu:24.04", "ubuntu:24.04"),
+    ("library/debian:bookworm-slim", "debian:bookworm-slim"),
+    ("public.ecr.aws/docker/library/python:3.12-slim@sha256:" + "a" * 64, "python:3.12-slim"),
+    ("mirror.gcr.io/library/python", "python:latest"), ("python@sha256:" + "b" * 64, "python:latest"),
+    ("ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624", "ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624"),
+    ("localhost:5000/img", "localhost:5000/img:latest"),
+])
+def test_references_of_official_images_are_mapped(ref, short):
+  from rsi_jax.env.tasks import canonical_image, resolve_base_image
+  assert canonical_image(ref) == short
+  m = effective_image_map({}, "rsi-base")
+  want = "rsi-base" if short.split(":")[0] in ("ubuntu", "debian", "python") or "laude" in ref else ref
+  assert resolve_base_image(ref, m, lambda n: False) == want
+
+
+def test_unsatisfied_base_images_are_named(tmp_path):
+  from rsi_jax.env.tasks import unsatisfied_base_images
+  d = _copy(tmp_path)
+  (d / "environment" / "Dockerfile").write_text(
+      "FROM ubuntu AS b\nFROM b\nFROM ${BASE}\nFROM node:20\nFROM quay.io/x/y:1\n")
+  t = load_task(d)
+  assert unsatisfied_base_images([t], effective_image_map({}, "rsi-base"), lambda n: False) == {
+      t.name: ["node:20", "quay.io/x/y:1"]}
+  assert unsatisfied_base_images([t], effective_image_map({"*": "rsi-base"}, "rsi-base"), lambda n: False) == {}
+
+
 def test_configured_map_wins_over_defaults():
   m = effective_image_map({"ubuntu:*": "other-base"}, "rsi-base")
   new, _ = rewrite_dockerfile("FROM ubuntu:22.04\n", m, lambda n: False)
