@@ -308,7 +308,10 @@ class EnvConfig:
   max_turns: int = 32
   summarize_threshold_tokens: int = 32_000
   harness: str = "json"
-  build_network: str = "none"  # network of task image builds: none | host (apt-get from a mirror)
+  build_network: str = "none"  # network of task image builds: none | host | default (pip/apt/uv at build time)
+  # CA bundle those builds trust: "" = the host's (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, PIP_CERT, CURL_CA_BUNDLE),
+  # a PEM file, or "none"; needed behind TLS-inspecting proxies
+  build_ca_bundle: str = ""
   pids_limit: int = 512  # per container, unless the task sets environment.pids
   disk_limit: str = "10G"  # what one container may write, unless the task sets environment.storage
 
@@ -322,6 +325,8 @@ class EnvConfig:
     _check(self.harness in ("json", "xml", "oracle"), f"{p}.harness",
            f"must be json/xml/oracle, got {self.harness!r}")
     _check(self.pids_limit > 0, f"{p}.pids_limit", f"must be > 0, got {self.pids_limit}")
+    _check(self.build_ca_bundle in ("", "none") or Path(self.build_ca_bundle).is_file(), f"{p}.build_ca_bundle",
+           f"must be '', 'none' or an existing PEM file, got {self.build_ca_bundle!r}")
     try:
       from rsi_jax.env.tasks import parse_memory
       parse_memory(self.disk_limit)
@@ -364,6 +369,28 @@ class RSRConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """Evaluation (``python -m rsi_jax.eval`` and the training program's in-training evaluation)."""
+  tasks_dir: str = ""  # the evaluation suite; "" = none during training, env.tasks_dir for python -m rsi_jax.eval
+  max_tasks: int = 0  # 0 = every task of the suite, else this many (round-robin over families)
+  repeats: int = 3  # R of Mean@R / pass@R
+  harness: str = "json"  # json | xml (the actor) | oracle (reference solutions)
+  infra_retries: int = 2  # an attempt that failed for infrastructure reasons is run again up to this often
+  temperature: float = 0.6  # the paper's evaluation protocol
+  top_p: float = 0.95
+  max_new_tokens: int = 8192
+
+  def validate(self, p):
+    _check(self.repeats > 0, f"{p}.repeats", f"must be > 0, got {self.repeats}")
+    _check(self.max_tasks >= 0, f"{p}.max_tasks", f"must be >= 0 (0 = all), got {self.max_tasks}")
+    _check(self.infra_retries >= 0, f"{p}.infra_retries", f"must be >= 0, got {self.infra_retries}")
+    _check(self.harness in ("json", "xml", "oracle"), f"{p}.harness", f"must be json/xml/oracle, got {self.harness!r}")
+    _check(self.temperature >= 0, f"{p}.temperature", f"must be >= 0, got {self.temperature}")
+    _check(0 < self.top_p <= 1, f"{p}.top_p", f"must be in (0, 1], got {self.top_p}")
+    _check(self.max_new_tokens > 0, f"{p}.max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
+
+
+@dataclasses.dataclass(frozen=True)
 class PipelineConfig:
   """The phase plan. A phase's kind comes from its name: ``rsrN`` (Recursive Self-Rewrite, actor-only SFT),
   ``critic_seed`` (critic-only updates, actor frozen), ``rprN`` (Recursive Policy-Refine, PPO)."""
@@ -373,7 +400,7 @@ class PipelineConfig:
   critic_seed_epochs: int = 1  # critic seed: passes over the task pool (rollout steps = epochs x pool / batch)
   checkpoint_every: int = 5  # phase steps between checkpoints (a phase's last step is always saved)
   keep_checkpoints: int = 3  # per phase, the newest kept (the phase's final one is always the newest)
-  eval_every: int = 10  # RESERVED (not yet in effect): in-training evaluation
+  eval_every: int = 10  # phase steps between in-training evaluations on eval.tasks_dir (and at each phase's end)
   checkpoint_dir: str = ""  # "" = <run.output_dir>/<run.name>/checkpoints; may be an object-store URL
   sft_epochs: int = 1  # RSR: passes over the verified trajectories, rollout.global_batch per update
   micro_batch: int = 0  # RESERVED (not yet in effect): gradient accumulation
@@ -427,7 +454,6 @@ RESERVED_KEYS = {
     "rl.dynamic_balancing": "dynamic length balancing is not implemented yet",
     "rollout.max_input_tokens": "chunked prefill is not implemented yet (sampler.max_prefill_length is the limit)",
     "pipeline.micro_batch": "gradient accumulation is not implemented yet",
-    "pipeline.eval_every": "in-training evaluation is not implemented yet",
 }
 
 
@@ -445,6 +471,7 @@ class Config:
   sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
   env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
   rsr: RSRConfig = dataclasses.field(default_factory=RSRConfig)
+  eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
   pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
 
   def validate(self, p=""):

@@ -73,7 +73,8 @@ def run_program(config_path: str, overrides, after=None) -> int:
         f"  metrics        {r['metrics']}\n"
         f"  tensorboard    {r['tensorboard']}  (tensorboard --logdir {r['tensorboard']})\n"
         f"  plots          {r['plots']}/ ({len(r['plot_files'])} PNG)\n"
-        f"  log            {log_path}")
+        + (f"  eval report    {r['eval_report']}/report.md (+ PNG plots)\n" if r.get("eval_report") else "")
+        + f"  log            {log_path}")
     if after is not None:
       after(r, console)
   return 0

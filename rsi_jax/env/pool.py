@@ -19,8 +19,8 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from rsi_jax.env.harness import AgentRun, Harness, Segment, Turn
-from rsi_jax.env.sandbox import (DOCKER_ERROR, DockerSandbox, SandboxError, build_task_image,
-                                 docker_client, install_signal_handlers, reap_orphans)
+from rsi_jax.env.sandbox import (CREATE_FAILED, DOCKER_ERROR, DockerSandbox, SandboxError, build_task_image,
+                                 docker_client, host_ca_bundle, install_signal_handlers, reap_orphans)
 from rsi_jax.env.tasks import Task, effective_image_map, parse_memory
 from rsi_jax.env.verifier import VerifierRun, verify
 from rsi_jax.rl.ctrf import VerificationOutcome, verification_outcome
@@ -51,6 +51,7 @@ class EnvSettings:
   hygiene_patterns: tuple = ()
   pids_limit: int = 512  # unless the task sets its own
   disk_limit_bytes: int = 10 << 30  # what a container may write, unless the task sets environment.storage
+  build_ca_bundle: str | None = None  # a CA bundle task builds trust (builds with a network only)
 
   @classmethod
   def from_config(cls, cfg, run_id: str, hygiene_patterns=()) -> "EnvSettings":
@@ -58,6 +59,8 @@ class EnvSettings:
     return cls(run_id=run_id, image_map=effective_image_map(cfg.image_map, cfg.base_image),
                build_network=cfg.build_network, pids_limit=cfg.pids_limit,
                disk_limit_bytes=parse_memory(cfg.disk_limit),
+               build_ca_bundle=None if cfg.build_network == "none" or cfg.build_ca_bundle == "none"
+               else (cfg.build_ca_bundle or host_ca_bundle()),
                network=cfg.network, output_cap_bytes=cfg.output_cap_bytes,
                command_timeout_s=cfg.command_timeout_s, agent_timeout_s=cfg.agent_timeout_s,
                verifier_timeout_s=cfg.verifier_timeout_s, hygiene_patterns=tuple(hygiene_patterns))
@@ -163,7 +166,8 @@ def run_episode(task: Task, harness: Harness, client, settings: EnvSettings, *, 
     res.total_s = time.time() - t0
     return res
   try:
-    image = build_task_image(client, task, settings.image_map, network=settings.build_network)
+    image = build_task_image(client, task, settings.image_map, network=settings.build_network,
+                             ca_bundle=settings.build_ca_bundle)
     res.build_s = time.time() - t0
     box = DockerSandbox(client, image, run_id=settings.run_id, task_name=task.name, episode_id=episode_id,
                         cpus=task.cpus, memory_bytes=task.memory_bytes,
@@ -173,6 +177,11 @@ def run_episode(task: Task, harness: Harness, client, settings: EnvSettings, *, 
                         disk_limit_bytes=task.storage_bytes or settings.disk_limit_bytes)
     with box:
       res.start_s = box.start_latency_s or 0.0
+      if task.private_in_image:  # private files the build copied (TB1): gone before the agent starts
+        rm = box.exec_raw(["/bin/rm", "-rf", "--", *task.private_in_image], timeout_s=60)
+        if rm.exit_code != 0:
+          raise SandboxError(CREATE_FAILED, f"{task.name}: could not remove private files from the "
+                                            f"container: {rm.output[-300:]}")
       try:
         run: AgentRun = harness.run(box, task, deadline=time.time() + agent_timeout)
       except SandboxError:
@@ -289,7 +298,8 @@ class EnvPool:
 
   def prebuild(self, tasks: Iterable[Task]):
     """Build every task's image on every endpoint (concurrently), so episodes start at once."""
-    futs = [self._executor.submit(build_task_image, c, t, self.settings.image_map, self.settings.build_network)
+    futs = [self._executor.submit(build_task_image, c, t, self.settings.image_map, self.settings.build_network,
+                                  self.settings.build_ca_bundle)
             for t in tasks for c in self.clients.values()]
     for f in futs:
       f.result()

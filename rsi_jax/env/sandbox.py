@@ -192,11 +192,15 @@ def _context_files(task: Task) -> list[Path]:
   return out
 
 
-def task_image_tag(client, task: Task, image_map: Mapping[str, str]) -> tuple[str, str, list]:
+def task_image_tag(client, task: Task, image_map: Mapping[str, str],
+                   ca_bundle: str | None = None) -> tuple[str, str, list]:
   """(tag, rewritten Dockerfile, FROM rewrites). The tag hashes the build context, the rewritten Dockerfile
-  and the ids of the base images it names, so a changed task or a rebuilt base image gives a new tag."""
+  (with the build CA bundle's digest, when one is used) and the ids of the base images it names, so a changed
+  task or a rebuilt base image gives a new tag."""
   text, changes = rewrite_dockerfile(task.dockerfile.read_text(), image_map,
                                      lambda n: _image_exists(client, n), where=str(task.dockerfile))
+  if ca_bundle:
+    text = with_build_ca(text, hashlib.sha256(Path(ca_bundle).read_bytes()).hexdigest())
   h = hashlib.sha256(text.encode())
   for line in text.splitlines():
     parts = line.split()
@@ -214,15 +218,54 @@ def task_image_tag(client, task: Task, image_map: Mapping[str, str]) -> tuple[st
   return f"{TASK_IMAGE_PREFIX}{task.name.lower()}:{h.hexdigest()[:16]}", text, changes
 
 
-def build_task_image(client, task: Task, image_map: Mapping[str, str] = {}, network: str = "none") -> str:
-  """Build (or reuse) the task's image; returns its tag. Raises SandboxError(build_failed)."""
+# A CA bundle for builds that reach package registries (behind a TLS-inspecting proxy the host's own bundle is
+# needed): copied into every build stage and named by the variables pip, requests, uv, curl, git and node
+# read, as build arguments (set for RUN steps, not kept in the image's environment).
+CA_IN_CONTEXT = ".rsi-build-ca.pem"
+CA_IN_IMAGE = "/etc/ssl/certs/rsi-build-ca.pem"
+CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO",
+                "NODE_EXTRA_CA_CERTS", "UV_NATIVE_TLS")
+
+
+def host_ca_bundle() -> str | None:
+  """The host's CA bundle as its environment names it (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, PIP_CERT,
+  CURL_CA_BUNDLE), if that file exists."""
+  for k in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE"):
+    v = os.environ.get(k)
+    if v and Path(v).is_file():
+      return v
+  return None
+
+
+def with_build_ca(dockerfile: str, ca_digest: str) -> str:
+  """``dockerfile`` with the build CA bundle installed at the start of every stage."""
+  from rsi_jax.env.tasks import _FROM
+  out = [f"# rsi_jax: build CA bundle sha256:{ca_digest}"]
+  for line in dockerfile.splitlines():
+    out.append(line)
+    if _FROM.match(line):
+      out.append(f"COPY {CA_IN_CONTEXT} {CA_IN_IMAGE}")
+      out += [f"ARG {k}={'1' if k == 'UV_NATIVE_TLS' else CA_IN_IMAGE}" for k in CA_VARIABLES]
+  return "\n".join(out) + "\n"
+
+
+_FAILED_BUILDS: dict[str, str] = {}  # "<endpoint> <tag>" -> why its build failed (a build error, not a daemon fault)
+
+
+def build_task_image(client, task: Task, image_map: Mapping[str, str] = {}, network: str = "none",
+                     ca_bundle: str | None = None) -> str:
+  """Build (or reuse) the task's image; returns its tag. Raises SandboxError(build_failed). ``ca_bundle``: a
+  PEM file the build's RUN steps trust (see :func:`with_build_ca`)."""
   try:
-    tag, dockerfile_text, _ = task_image_tag(client, task, image_map)
+    tag, dockerfile_text, _ = task_image_tag(client, task, image_map, ca_bundle)
   except docker.errors.DockerException as e:
     raise SandboxError(DOCKER_ERROR, f"{task.name}: {e}") from None
   with _BUILD_LOCKS_LOCK:
     lock = _BUILD_LOCKS.setdefault(f"{client.api.base_url} {tag}", threading.Lock())
   with lock:
+    failed = _FAILED_BUILDS.get(f"{client.api.base_url} {tag}")
+    if failed is not None:  # this exact build failed before in this process: not retried per episode
+      raise SandboxError(BUILD_FAILED, failed + " (cached: the same build failed earlier in this run)")
     if _image_exists(client, tag):
       return tag
     t0 = time.time()
@@ -232,13 +275,19 @@ def build_task_image(client, task: Task, image_map: Mapping[str, str] = {}, netw
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(f, dst)
       (Path(tmp) / "Dockerfile").write_text(dockerfile_text)
+      if ca_bundle:
+        shutil.copyfile(ca_bundle, Path(tmp) / CA_IN_CONTEXT)
       try:
         client.images.build(path=tmp, dockerfile="Dockerfile", tag=tag, rm=True, forcerm=True,
                             network_mode=network, labels={LABEL_TASK: task.name},
                             timeout=int(task.build_timeout_s))
       except docker.errors.BuildError as e:
-        tail = "".join(str(x.get("stream", x.get("error", ""))) for x in list(e.build_log)[-8:])
-        raise SandboxError(BUILD_FAILED, f"{task.name}: {e.msg}\n{tail}") from None
+        logs = list(e.build_log)
+        steps = [str(x["stream"]).strip() for x in logs if str(x.get("stream", "")).startswith("Step ")]
+        tail = "".join(str(x.get("stream", x.get("error", ""))) for x in logs[-8:])
+        msg = f"{task.name}: image build failed at {steps[-1] if steps else 'its first step'}: {e.msg}\n{tail}"
+        _FAILED_BUILDS[f"{client.api.base_url} {tag}"] = msg
+        raise SandboxError(BUILD_FAILED, msg) from None
       except docker.errors.DockerException as e:
         raise SandboxError(BUILD_FAILED, f"{task.name}: {e}") from None
     log.info("built %s for task %s in %.1fs", tag, task.name, time.time() - t0)

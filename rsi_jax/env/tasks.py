@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import json
 import logging
+import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -81,6 +83,7 @@ class Task:
   storage_bytes: int | None = None  # environment.storage: what the container may write (None: env.disk_limit)
   allow_internet: bool = False  # environment.allow_internet: the task needs the network while it runs
   verifier_env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # [verifier.env]
+  private_in_image: tuple[str, ...] = ()  # container paths of private files the build copied: deleted first
   metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the raw metadata file
 
   def summary(self) -> dict:
@@ -173,6 +176,24 @@ def _load_tb1(path: Path) -> Task:
   if not tests.is_dir():
     raise TaskError(f"{tests}: missing tests folder")
   solution = path / "solution.sh"
+  parser = meta.get("parser_name", "pytest")
+  if parser != "pytest":
+    raise TaskError(f"{f}: field 'parser_name' is {parser!r}; only 'pytest' is supported")
+  # Private files the Dockerfile names in a COPY stay in the build context (the build needs them) and are
+  # deleted from the container before the agent starts; otherwise (e.g. "COPY . /app") they never enter it.
+  _, copies = dockerfile_layout(dockerfile.read_text(errors="replace"))
+  needed, hidden = set(), set()
+  for src, dst in copies:
+    name = src.strip("/").removeprefix("./")
+    if name not in TB1_PRIVATE or not (path / name).exists():
+      continue
+    needed.add(name)
+    if (path / name).is_dir():  # a folder's content lands in the destination: delete those files only
+      hidden |= {dst.rstrip("/") + "/" + f.relative_to(path / name).as_posix()
+                 for f in (path / name).rglob("*") if f.is_file()}
+    else:
+      hidden.add(dst.rstrip("/") + "/" + name if dst.endswith("/") else dst)
+  hidden = sorted(hidden)
   return Task(
       name=path.name, path=path, layout=LAYOUT_TB1, instruction=instruction,
       family=_str(meta, "category", f, "category", default="default"),
@@ -184,9 +205,39 @@ def _load_tb1(path: Path) -> Task:
                               DEFAULT_VERIFIER_TIMEOUT_S),
       build_timeout_s=DEFAULT_BUILD_TIMEOUT_S, cpus=DEFAULT_CPUS,
       memory_bytes=_memory(None, f, "memory"), pids_limit=None,
-      dockerfile=dockerfile, context_dir=path, context_exclude=TB1_PRIVATE,
+      dockerfile=dockerfile, context_dir=path, context_exclude=tuple(p for p in TB1_PRIVATE if p not in needed),
       tests_dir=tests, test_script="/tests/run-tests.sh", extra_test_files=(run_tests,),
-      solution=solution if solution.is_file() else None, metadata=meta)
+      solution=solution if solution.is_file() else None, metadata=meta, private_in_image=tuple(hidden))
+
+
+def dockerfile_layout(text: str) -> tuple[str, list[tuple[str, str]]]:
+  """WORKDIR (the last one; /app if none) and (source, destination) of every COPY / ADD (shell or JSON form;
+  a relative destination is resolved against the WORKDIR; a destination that holds several sources gets a
+  trailing slash). ``--from`` copies (other build stages) are left out."""
+  workdir, copies = "/app", []
+  text = re.sub(r"\\\n", " ", text)
+  for line in text.splitlines():
+    words = line.strip().split(None, 1)
+    if not words:
+      continue
+    op, rest = words[0].upper(), (words[1] if len(words) > 1 else "")
+    if op == "WORKDIR" and rest:
+      d = rest.strip().strip('"')
+      workdir = d if d.startswith("/") else workdir.rstrip("/") + "/" + d
+    elif op in ("COPY", "ADD") and "--from" not in rest:
+      rest = re.sub(r"^(--\S+\s+)+", "", rest.strip())
+      try:
+        args = json.loads(rest) if rest.startswith("[") else rest.split()
+      except ValueError:
+        args = rest.split()
+      args = [str(a) for a in args]
+      if len(args) >= 2:
+        raw = args[-1]
+        dst = os.path.normpath(raw if raw.startswith("/") else workdir.rstrip("/") + "/" + raw)
+        if raw.endswith("/") or raw in (".", "./") or len(args) > 2:
+          dst = dst.rstrip("/") + "/"
+        copies += [(src, dst) for src in args[:-1]]
+  return workdir, copies
 
 
 # ----------------------------------------------------------------------------------------------- fields

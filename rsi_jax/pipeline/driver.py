@@ -170,6 +170,10 @@ def preflight(cfg: Config, cli_overrides: Sequence[str] = (), num_devices: int |
   return plan
 
 
+def index_of(phases, name: str) -> int:
+  return list(phases).index(name)
+
+
 def pick_tasks(tasks, n: int):
   """Up to n tasks (0 = all), round-robin over families so every family is represented."""
   if n <= 0 or n >= len(tasks):
@@ -336,6 +340,7 @@ class Driver:
             self.console.line(f"[{spec.name}] done earlier: {prev['output']}")
             continue
           prev, mem = self._run_phase(ctx, plan, index, spec, prev, mem, stop)
+      report = self._final_report()
     finally:
       if ctx.sampler is not None:
         ctx.sampler.close()
@@ -344,11 +349,62 @@ class Driver:
     plots = self.metrics.plot()
     counts = dict(ctx.pool.counts)
     return {"run_dir": self.run_dir, "checkpoints": self.ckpt_root, "lineage": str(rd / LINEAGE),
+            "eval_report": report,
             "metrics": str(rd / "metrics.jsonl"), "tensorboard": str(rd / "tensorboard"),
             "plots": str(rd / "plots"), "plot_files": plots, "final": prev["output"] if prev else None,
             "episodes": counts.pop("episodes", 0), "infra_failures": counts.pop("infra_failures", 0),
             "aborted": counts.pop("aborted", 0),
             "seconds": time.time() - t0, "resumed": resumed}
+
+  # --------------------------------------------------------------------------------------- evaluation
+
+  def _eval_dir(self, phase: str, step: int | None = None):
+    d = epath.Path(self.run_dir) / "eval" / phase
+    return d if step is None else d / str(step)
+
+  def _evaluate(self, ctx, phase: str, step: int, actor_params):
+    """In-training evaluation (``eval.tasks_dir``): the actor through the sampler and harness code of
+    ``python -m rsi_jax.eval``, into ``<run>/eval/<phase>/<step>/``, ``eval/metrics.jsonl`` and TensorBoard
+    (``eval/<suite>/*``). Skipped when that folder already holds a result (a resumed run)."""
+    from rsi_jax.eval.run import evaluate_policy, suite_tasks
+    cfg = self.cfg
+    if not cfg.eval.tasks_dir:
+      return None
+    out = self._eval_dir(phase, step)
+    if (out / "summary.json").exists():
+      return None
+    if ctx.eval_suite is None:
+      ctx.eval_suite = suite_tasks(cfg, cfg.eval.tasks_dir)
+    tasks, strata = ctx.eval_suite
+    ctx.serve(actor_params)
+    suite = epath.Path(cfg.eval.tasks_dir).name
+    rep = evaluate_policy(cfg, ctx.pool, tasks, ctx.sampler, ctx.renderer, strata=strata,
+                          info={"suite": suite, "tasks_dir": cfg.eval.tasks_dir, "phase": phase, "step": step,
+                                "actor_digest": params_digest(actor_params)})
+    out.mkdir(parents=True, exist_ok=True)
+    rep.write(out)
+    m = rep.metrics()
+    keep = {k: m[k] for k in ("mean_at_r", "pass_at_r", "mean_at_r_with_infra_as_failure", "process_reward",
+                              "strict_completions", "infra_failures")}
+    self.metrics.log_eval(phase, step, suite, keep)
+    pct = lambda x: "n/a" if x is None else f"{x:.1f}%"  # noqa: E731
+    self.console.line(f"[{phase}] eval after step {step} on {suite} ({m['n_tasks']} tasks x {m['runs']}): "
+                      f"Mean@{m['runs']} {pct(m['mean_at_r'])}, pass@{m['runs']} {pct(m['pass_at_r'])}, "
+                      f"infrastructure failures {m['infra_failures']}")
+    return m
+
+  def _final_report(self):
+    """The stage report over every phase's last evaluation (``<run>/eval/report/``)."""
+    if not self.cfg.eval.tasks_dir:
+      return None
+    from rsi_jax.eval.report import report_run
+    out = epath.Path(self.run_dir) / "eval" / "report"
+    try:
+      report_run(self.run_dir, str(out))
+    except FileNotFoundError:
+      return None
+    self.console.line(f"evaluation report: {out / 'report.md'}")
+    return str(out)
 
   def _write_config(self, rd, resumed: bool):
     text = dump_config(self.cfg)
@@ -428,6 +484,9 @@ class Driver:
     phase.setup(state.train.actor, latest)
     n = phase.num_steps
     self.metrics.truncate(list(self.cfg.pipeline.phases), spec.name, latest)
+    for d in (self._eval_dir(spec.name).glob("*") if self._eval_dir(spec.name).exists() else []):
+      if d.name.isdigit() and int(d.name) > latest:  # evaluations of the steps about to be redone
+        d.rmtree()
     self.console.line(f"[{spec.name}] {spec.kind}: {phase.describe()}; weights: actor <- "
                       f"{started_from['actor']}, critic <- {started_from['critic']}")
     for line in phase.report().splitlines():
@@ -442,6 +501,9 @@ class Driver:
     def full(train):  # what a checkpoint of this phase holds: the carried critic too
       return train if phase.uses_critic else train._replace(critic=carried)
 
+    if index_of(self.cfg.pipeline.phases, spec.name) == 0 and latest == 0:
+      self._evaluate(ctx, "base", 0, state.train.actor)  # the first phase's starting actor
+    every = cfg.pipeline.eval_every
     bar = self.console.bar(n, latest, spec.name)
     try:
       for i in range(latest, n):
@@ -457,12 +519,15 @@ class Driver:
         if preempt and i + 1 < n:
           ckpts.wait()
           raise Preempted(ckpts.step_dir(i + 1))
+        if (i + 1) % every == 0 and i + 1 < n:
+          self._evaluate(ctx, spec.name, i + 1, state.train.actor)
       if n == 0 and ckpts.latest_step() is None:  # nothing to train on: the phase's output is its input
         ckpts.save(0, full(state.train), meta())
       ckpts.wait()
     finally:
       self.console.close_bar()
     actor_out, critic_out = state.train.actor, (state.train.critic if phase.uses_critic else carried)
+    self._evaluate(ctx, spec.name, n, actor_out)  # each phase's final weights
     entry = {"phase": spec.name, "kind": spec.kind, "started_from": started_from, "output": ckpts.step_dir(n),
              "steps": n, "optimizer": "fresh at phase start (weights-only handoff)",
              "actor_digest": params_digest(actor_out),

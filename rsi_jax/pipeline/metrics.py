@@ -89,6 +89,21 @@ class MetricLogger:
           self._tb.add_scalar(f"{phase}/{k}", float(v), rec["global_step"])
     return rec
 
+  def log_eval(self, phase: str, step: int, suite: str, metrics: dict) -> dict:
+    """An in-training evaluation: a record in ``eval/metrics.jsonl`` and TensorBoard scalars
+    ``eval/<suite>/<metric>`` at the current global step."""
+    rec = {"phase": phase, "step": int(step), "global_step": len(self.records), "suite": suite,
+           "time": round(time.time(), 3), **{k: _plain(v) for k, v in metrics.items()}}
+    path = self.dir / "eval" / "metrics.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+      f.write(json.dumps(rec) + "\n")
+    if self._tb is not None:
+      for k, v in metrics.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+          self._tb.add_scalar(f"eval/{suite}/{k}", float(v), rec["global_step"])
+    return rec
+
   def plot(self) -> list[str]:
     """One PNG per metric in :data:`PLOTS` that has data: every phase's raw points and causal mean."""
     import matplotlib

@@ -59,10 +59,15 @@ class RunContext:
   run_dir: str
   sampler: object = None  # rsi_jax.sampler.server.SamplerServer, created with the first weights it serves
   actor_version: int = 0  # the sampler's version number of the weights last handed to it
+  eval_suite: tuple | None = None  # (tasks, frozen strata) of eval.tasks_dir, loaded at the first evaluation
+  _served: object = None  # the weights last handed to the sampler
 
   def serve(self, actor_params, wait: bool = True):
     """Hand ``actor_params`` to the sampler (creating it on first use) as a new weight version; ``wait``:
     until it serves them (else requests in flight finish on the old weights first: swap_policy)."""
+    if self.sampler is not None and actor_params is self._served:
+      return  # these very weights are being served already (no new version: staleness stays exact)
+    self._served = actor_params
     if self.sampler is None:
       from rsi_jax.sampler.server import SamplerServer
       self.sampler = SamplerServer.from_config(self.cfg, actor_params, tokenizer=self.tokenizer)

@@ -34,7 +34,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rsi_jax.env.tasks import Task
+from rsi_jax.env.tasks import Task, dockerfile_layout
 
 SECTIONS = ("Goal", "Steps", "Checks")
 VERIFIER_PATHS = re.compile(r"(?<![\w.\-])(/tests(?![\w.\-])|/logs/verifier|/logs/agent|reward\.(txt|json)\b"
@@ -106,7 +106,7 @@ def _task_facts(task: Task) -> TaskFacts:
            and p.relative_to(ctx).parts[0] not in set(task.context_exclude)]
   dockerfile = Path(task.dockerfile).read_text(errors="replace") if Path(task.dockerfile).is_file() else ""
   texts = [task.instruction, dockerfile] + [_read_text(p) for p in files]
-  workdir, copies = _dockerfile_layout(dockerfile)
+  workdir, copies = dockerfile_layout(dockerfile)
   paths = {workdir}
   for p in files:
     rel = p.relative_to(ctx).as_posix()
@@ -158,32 +158,6 @@ def _read_text(p: Path, limit: int = 1 << 20) -> str:
   except OSError:
     return ""
   return "" if b"\0" in data else data.decode("utf-8", errors="replace")
-
-
-def _dockerfile_layout(text: str) -> tuple[str, list[tuple[str, str]]]:
-  """WORKDIR (the last one; /app if none) and (source, destination) of every COPY / ADD (shell or JSON
-  form)."""
-  workdir, copies = "/app", []
-  text = re.sub(r"\\\n", " ", text)
-  for line in text.splitlines():
-    words = line.strip().split(None, 1)
-    if not words:
-      continue
-    op, rest = words[0].upper(), (words[1] if len(words) > 1 else "")
-    if op == "WORKDIR" and rest:
-      d = rest.strip().strip('"')
-      workdir = d if d.startswith("/") else _join(workdir, d)
-    elif op in ("COPY", "ADD"):
-      rest = re.sub(r"^(--\S+\s+)+", "", rest.strip())
-      try:
-        args = json.loads(rest) if rest.startswith("[") else rest.split()
-      except ValueError:
-        args = rest.split()
-      args = [str(a) for a in args]
-      if len(args) >= 2:
-        dst = args[-1] if args[-1].startswith("/") else _join(workdir, args[-1])
-        copies += [(s, dst if len(args) == 2 or dst.endswith("/") else dst + "/") for s in args[:-1]]
-  return workdir, copies
 
 
 def _answer_like(v) -> str | None:

@@ -88,3 +88,60 @@ def test_prune_keeps_the_newest_image_of_each_task(tmp_path, docker_client):
   tags = {t for i in docker_client.images.list() for t in i.tags}
   assert new in tags and old not in tags
   docker_client.images.remove(new)
+
+
+@pytest.mark.docker
+def test_tb1_dockerfile_may_copy_private_files_the_agent_never_sees(tmp_path, docker_client, settings, tokenizer,
+                                                                     renderer):
+  """Upstream TB1 Dockerfiles COPY tests/ or solution.sh: they are in the build context, and deleted from the
+  container before the agent starts."""
+  d = tmp_path / "tb1-copies"
+  shutil.copytree(FIXTURES / "tb1-word-sum", d)
+  (d / "Dockerfile").write_text((d / "Dockerfile").read_text() + "COPY tests/ /opt/t/\nCOPY solution.sh ./\n")
+  task = load_task(d)
+  assert "tests" not in task.context_exclude and "solution.sh" not in task.context_exclude
+  assert task.private_in_image == ("/app/solution.sh", "/opt/t/test_outputs.py")
+  probe = "ls /opt/t /app/solution.sh 2>&1; ls /app"
+  policy = ScriptedPolicy(tokenizer, [json.dumps({"command": probe})])
+  r = run_episode(task, JsonHarness(policy, renderer, SamplingParams(max_new_tokens=256), max_turns=2,
+                                    command_timeout_s=20), docker_client, settings)
+  out = json.loads(r.turns[0].observation)["output"]
+  assert "test_outputs.py" not in out and "No such file" in out and "numbers.txt" in out, out
+  assert run_episode(task, OracleHarness(), docker_client, settings).success == 1
+
+
+def test_tb1_parser_other_than_pytest_is_refused(tmp_path):
+  d = tmp_path / "tb1-parser"
+  shutil.copytree(FIXTURES / "tb1-word-sum", d)
+  (d / "task.yaml").write_text((d / "task.yaml").read_text().replace("parser_name: pytest", "parser_name: swebench"))
+  with pytest.raises(TaskError, match="parser_name.*only 'pytest'"):
+    load_task(d)
+
+
+def test_build_ca_bundle_reaches_every_build_stage(tmp_path):
+  from rsi_jax.env.sandbox import CA_IN_CONTEXT, CA_IN_IMAGE, with_build_ca
+  text = with_build_ca("FROM rsi-base AS a\nRUN pip download six\nFROM a\nRUN true\n", "ab" * 32)
+  lines = text.splitlines()
+  assert lines[0] == "# rsi_jax: build CA bundle sha256:" + "ab" * 32
+  assert lines.count(f"COPY {CA_IN_CONTEXT} {CA_IN_IMAGE}") == 2
+  assert f"ARG PIP_CERT={CA_IN_IMAGE}" in lines and f"ARG SSL_CERT_FILE={CA_IN_IMAGE}" in lines
+  assert lines.index("RUN pip download six") > lines.index(f"ARG PIP_CERT={CA_IN_IMAGE}")
+
+
+@pytest.mark.docker
+@pytest.mark.network
+def test_build_reaches_the_package_registry(tmp_path, docker_client, settings):
+  """A Dockerfile that pip-installs at build time builds with env.build_network=host through the host's CA
+  bundle (behind a TLS-inspecting proxy the build fails without it)."""
+  import dataclasses
+
+  from rsi_jax.env.sandbox import build_task_image, host_ca_bundle
+  d = _copy(tmp_path)
+  (d / "environment" / "Dockerfile").write_text(
+      "FROM rsi-base\nWORKDIR /app\nCOPY input.txt /app/input.txt\n"
+      "RUN pip install --no-cache-dir --break-system-packages --target /opt/six six==1.16.0\n")
+  tag = build_task_image(docker_client, load_task(d), settings.image_map, network="host", ca_bundle=host_ca_bundle())
+  out = docker_client.containers.run(tag, ["python3", "-c", "import sys; sys.path.insert(0, '/opt/six'); "
+                                           "import six; print(six.__version__)"], remove=True, network_mode="none")
+  assert out.decode().strip() == "1.16.0"
+  docker_client.images.remove(tag)

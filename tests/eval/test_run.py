@@ -30,6 +30,8 @@ def test_oracle_scores_everything(pool_and_tasks):
   m = rep.metrics()
   assert rep.scores.shape == (2, 2) and m["mean_at_r"] == 100.0 and m["pass_at_r"] == 100.0
   assert m["process_reward"] == 1.0 and m["strict_completions"] == 2.0 and m["infra_failures"] == 0
+  assert [(e["task"], e["run"], e["success"], e["tries"]) for e in rep.episodes] == [
+      (TASKS[0], 0, 1, 1), (TASKS[0], 1, 1, 1), (TASKS[1], 0, 1, 1), (TASKS[1], 1, 1, 1)]
 
 
 def test_immediate_done_scores_nothing(pool_and_tasks):
@@ -55,13 +57,40 @@ def test_bad_arguments(pool_and_tasks):
 
 
 def test_entry_point(tmp_path, docker_client):
-  out = tmp_path / "eval.json"
+  out = tmp_path / "out"
   p = subprocess.run([sys.executable, "-m", "rsi_jax.eval", "--harness=oracle", "--repeats=1",
-                      f"--tasks={TASKS[0]}", f"--json={out}"], cwd=REPO_ROOT, capture_output=True, text=True,
+                      f"--tasks={TASKS[0]}", f"--output={out}"], cwd=REPO_ROOT, capture_output=True, text=True,
                      timeout=300)
   assert p.returncode == 0, p.stderr[-2000:]
   assert "Mean@1  100.00%" in p.stdout
-  assert json.loads(out.read_text())["metrics"]["pass_at_r"] == 100.0
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["pass_at_r"] == 100.0 and summary["n_tasks"] == 1 and summary["runs"] == 1
+  assert summary["per_task"][TASKS[0]]["scores"] == [1] and summary["infra_failures"] == 0
+  (attempt,) = [json.loads(x) for x in (out / "attempts.jsonl").read_text().splitlines()]
+  assert attempt["task"] == TASKS[0] and attempt["success"] == 1 and attempt["passed"] == attempt["total"] > 0
   bad = subprocess.run([sys.executable, "-m", "rsi_jax.eval", "rl.clip_lo=1"], cwd=REPO_ROOT,
                        capture_output=True, text=True, timeout=120)
   assert bad.returncode == 2 and "rl.clip_lo: unknown config key" in bad.stderr
+  missing = subprocess.run([sys.executable, "-m", "rsi_jax.eval", f"--tasks_dir={tmp_path}/none"], cwd=REPO_ROOT,
+                           capture_output=True, text=True, timeout=120)
+  assert missing.returncode == 2 and "tasks directory does not exist" in missing.stderr
+
+
+def test_infrastructure_failures_are_retried_then_reported(pool_and_tasks, tmp_path):
+  """A task whose image cannot be built: every attempt is an infrastructure failure, retried
+  eval.infra_retries times, then reported apart — never a silent 0 in the headline."""
+  import shutil
+
+  from rsi_jax.env import load_task, make_harness
+  pool, tasks = pool_and_tasks
+  broken = tmp_path / "broken-build"
+  shutil.copytree(REPO_ROOT / "tasks" / TASKS[0], broken)
+  (broken / "environment" / "Dockerfile").write_text("FROM rsi-base\nRUN exit 3\n")
+  rep = evaluate(pool, [tasks[0], load_task(broken)], lambda: make_harness("oracle"), repeats=2, infra_retries=1)
+  m = rep.metrics()
+  assert m["infra_failures"] == 2 and m["infra_retries"] == 2 and m["scored_attempts"] == 2
+  assert m["mean_at_r"] == 100.0 and m["mean_at_r_with_infra_as_failure"] == 50.0
+  assert m["pass_at_r"] == 100.0 and m["pass_at_r_with_infra_as_failure"] == 50.0
+  bad = [e for e in rep.episodes if e["task"] == "broken-build"]
+  assert len(bad) == 2 and all(e["infra_failure"] and e["tries"] == 2 and e["failure_kind"] for e in bad)
+  assert "infrastructure failures as failures: 50.00%" in rep.render()

@@ -21,7 +21,7 @@ PHASES = ["rsr1", "critic_seed", "rpr1", "rsr2", "rpr2"]
 TINY = ["run.progress=false", "mesh.ici_fsdp_parallelism=4", "mesh.ici_tensor_parallelism=2",
         "rollout.global_batch=4", "rollout.requested=5", "rollout.max_new_tokens=16", "env.max_turns=1",
         "env.max_tasks=4", "pipeline.sft_epochs=2", "pipeline.rollout_steps=3", "pipeline.critic_only_steps=1",
-        "pipeline.checkpoint_every=1", "rl.minibatches=1"]
+        "pipeline.checkpoint_every=1", "rl.minibatches=1", "eval.max_tasks=1"]
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +177,31 @@ def test_a_run_with_nothing_to_train_on_stops_with_the_reason(tmp_path, docker_c
 
 def _rows(path):
   return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+
+
+def test_in_training_evaluation_and_the_final_report(run):
+  """eval.tasks_dir is set (smoke config): the starting actor and every phase's final weights are evaluated
+  with the evaluation code; the run ends with the stage report over them."""
+  cfg, result, run_dir = run
+  lineage = _lineage(run_dir)
+  stages = [("base", 0)] + [(e["phase"], e["steps"]) for e in lineage]
+  for phase, step in stages:
+    s = json.loads((run_dir / "eval" / phase / str(step) / "summary.json").read_text())
+    assert s["n_tasks"] == 1 and s["runs"] == 1 and s["phase"] == phase and s["suite"] == "tasks"
+    assert s["sampling"]["temperature"] == 0.6 and s["harness"] == "json"
+    assert len((run_dir / "eval" / phase / str(step) / "attempts.jsonl").read_text().splitlines()) == 1
+  assert json.loads((run_dir / "eval" / "rpr2" / "3" / "summary.json").read_text())["actor_digest"] == \
+      lineage[-1]["actor_digest"]
+  recs = _rows(run_dir / "eval" / "metrics.jsonl")
+  assert [(r["phase"], r["step"]) for r in recs] == stages
+  report = (run_dir / "eval" / "report" / "report.md").read_text()
+  assert "| Suite | base | rsr1 | critic_seed | rpr1 | rsr2 | rpr2 |" in report and "| tasks |" in report
+  assert result["eval_report"] == str(run_dir / "eval" / "report")
+  assert (run_dir / "eval" / "report" / "progression.png").read_bytes()[:4] == b"\x89PNG"
+  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+  ea = EventAccumulator(str(run_dir / "tensorboard"))
+  ea.Reload()
+  assert len(ea.Scalars("eval/tasks/mean_at_r")) == len(stages)
 
 
 def test_rsr_phases_train_on_the_funnels_q_clean(run):

@@ -150,8 +150,8 @@ def test_markdown_variants():
   body = ("# 1. Goal:\nBack up.\n\n### Steps (commands)\n~~~ bash\n# a comment, not a heading\n"
           "cd /app && tar -czf backup.tar.gz project\n~~~\n\n## Checks\n- `ls /app`\n")
   assert review(BACKUP, body).accepted
-  from rsi_jax.rsr.review import _dockerfile_layout
-  assert _dockerfile_layout('WORKDIR /srv\nCOPY ["src", "/srv/src"]\nCOPY --chown=1:1 a.txt b/\n') == (
+  from rsi_jax.env.tasks import dockerfile_layout
+  assert dockerfile_layout('WORKDIR /srv\nCOPY ["src", "/srv/src"]\nCOPY --chown=1:1 a.txt b/\n') == (
       "/srv", [("src", "/srv/src"), ("a.txt", "/srv/b/")])
 
 
