@@ -81,7 +81,7 @@ def build(stages: Sequence[tuple[str, dict[str, dict]]]) -> dict:
                    "delta": None if v is None or prev is None else v - prev}
       prev = v if v is not None else prev
     vals = [r["mean_at_r"] for r in row.values() if r["mean_at_r"] is not None]
-    best = max(vals) if vals else None
+    best = max(vals) if vals and min(vals) < max(vals) else None  # all equal: no stage is best
     for r in row.values():
       r["best"] = best is not None and r["mean_at_r"] == best
     table[suite] = row
@@ -93,7 +93,7 @@ def build(stages: Sequence[tuple[str, dict[str, dict]]]) -> dict:
     prev = v if v is not None else prev
   vals = [r["mean_at_r"] for r in mean_row.values() if r["mean_at_r"] is not None]
   for r in mean_row.values():
-    r["best"] = bool(vals) and r["mean_at_r"] == max(vals)
+    r["best"] = bool(vals) and min(vals) < max(vals) and r["mean_at_r"] == max(vals)
   strata = {}
   for suite in suites:
     rows = {}
@@ -115,7 +115,7 @@ def to_markdown(rep: dict) -> str:
     return f"**{text}**" if r["best"] else text
 
   lines = ["# Evaluation report", "", "Mean@R (%) per suite and stage; in brackets the change in points against "
-           "the previous stage; each row's best stage in bold. Infrastructure failures are left out of the "
+           "the previous stage; each row's best stage in bold (none where all are equal). Infrastructure failures are left out of the "
            "headline (see report.json for the figures that count them as failures).", "",
            "| Suite | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
   for suite in rep["suites"]:
@@ -148,16 +148,7 @@ def plot(rep: dict, out_dir: Path) -> list[Path]:
   if len(rep["suites"]) > 1:
     ys = [rep["suite_mean"][n]["mean_at_r"] for n in names]
     ax.plot(x, [np.nan if y is None else y for y in ys], marker="s", lw=2.6, color="black", label="suite mean")
-  ax.set_xticks(x, names)
-  ax.set_ylabel("Mean@R (%)")
-  ax.set_ylim(bottom=0)
-  ax.set_title("Evaluation across stages")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  files.append(out_dir / "progression.png")
-  fig.savefig(files[-1])
-  plt.close(fig)
+  files.append(_finish(plt, fig, ax, x, names, "Mean@R (%)", "Evaluation across stages", out_dir / "progression.png"))
   # strata: tasks pooled over suites, task-weighted
   pooled = {}
   for rows in rep["strata"].values():
@@ -172,17 +163,22 @@ def plot(rep: dict, out_dir: Path) -> list[Path]:
     for k, per in pooled.items():
       ys = [per[n][1] / per[n][0] if n in per and per[n][0] else np.nan for n in names]
       ax.plot(x, ys, marker="o", lw=1.8, color=shades.get(k), label=f"{k} ({next(iter(per.values()))[0]} tasks)")
-    ax.set_xticks(x, names)
-    ax.set_ylabel("task-weighted score (%)")
-    ax.set_ylim(bottom=0)
-    ax.set_title("Difficulty strata (frozen structural proxies)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    files.append(out_dir / "strata.png")
-    fig.savefig(files[-1])
-    plt.close(fig)
+    files.append(_finish(plt, fig, ax, x, names, "task-weighted score (%)",
+                         "Difficulty strata (frozen structural proxies)", out_dir / "strata.png"))
   return files
+
+
+def _finish(plt, fig, ax, x, names, ylabel: str, title: str, path: Path) -> Path:
+  ax.set_xticks(x, names)
+  ax.set_ylabel(ylabel)
+  ax.set_ylim(-1, max(5.0, ax.get_ylim()[1]))  # percentages: from 0 (points at 0 stay visible), at least 5
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+  return path
 
 
 def write_report(stages: Sequence[tuple[str, dict[str, dict]]], out_dir: str | Path) -> dict:

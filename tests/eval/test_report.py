@@ -32,7 +32,7 @@ def stage_dirs(tmp_path):
 
 EXPECTED = """# Evaluation report
 
-Mean@R (%) per suite and stage; in brackets the change in points against the previous stage; each row's best stage in bold. Infrastructure failures are left out of the headline (see report.json for the figures that count them as failures).
+Mean@R (%) per suite and stage; in brackets the change in points against the previous stage; each row's best stage in bold (none where all are equal). Infrastructure failures are left out of the headline (see report.json for the figures that count them as failures).
 
 | Suite | Base | RSR-1 | RPR-1 |
 |---|---:|---:|---:|
@@ -56,6 +56,8 @@ def test_markdown_table_from_fixed_inputs(tmp_path):
   assert rep["mean_at_r"]["B"]["RPR-1"]["delta"] == 10.0  # against the last stage that had B
   # the suite mean exists only where every suite was evaluated
   assert rep["suite_mean"]["RSR-1"]["mean_at_r"] is None and rep["suite_mean"]["Base"]["mean_at_r"] == 15.0
+  flat = build([("a", {"S": summary("S", 0.0)}), ("b", {"S": summary("S", 0.0)})])
+  assert not any(r["best"] for r in flat["mean_at_r"]["S"].values())  # all equal: nothing in bold
 
 
 def test_report_files_and_pngs(tmp_path):
