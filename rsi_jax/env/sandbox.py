@@ -192,13 +192,18 @@ def _context_files(task: Task) -> list[Path]:
   return out
 
 
-def task_image_tag(client, task: Task, image_map: Mapping[str, str],
-                   ca_bundle: str | None = None) -> tuple[str, str, list]:
+def task_image_tag(client, task: Task, image_map: Mapping[str, str], ca_bundle: str | None = None,
+                   verifier_deps: bool = False) -> tuple[str, str, list]:
   """(tag, rewritten Dockerfile, FROM rewrites). The tag hashes the build context, the rewritten Dockerfile
   (with the build CA bundle's digest, when one is used) and the ids of the base images it names, so a changed
   task or a rebuilt base image gives a new tag."""
   text, changes = rewrite_dockerfile(task.dockerfile.read_text(), image_map,
                                      lambda n: _image_exists(client, n), where=str(task.dockerfile))
+  if verifier_deps:  # what the verifier installs at test time, fetched now (rsi_jax.env.verifier_deps)
+    from rsi_jax.env.verifier_deps import download_step, requirements
+    specs = requirements(task)
+    if specs:
+      text = text.rstrip("\n") + "\n" + download_step(specs) + "\n"
   if ca_bundle:
     text = with_build_ca(text, hashlib.sha256(Path(ca_bundle).read_bytes()).hexdigest())
   h = hashlib.sha256(text.encode())
@@ -255,9 +260,10 @@ _FAILED_BUILDS: dict[str, str] = {}  # "<endpoint> <tag>" -> why its build faile
 def build_task_image(client, task: Task, image_map: Mapping[str, str] = {}, network: str = "none",
                      ca_bundle: str | None = None) -> str:
   """Build (or reuse) the task's image; returns its tag. Raises SandboxError(build_failed). ``ca_bundle``: a
-  PEM file the build's RUN steps trust (see :func:`with_build_ca`)."""
+  PEM file the build's RUN steps trust (see :func:`with_build_ca`). A build with a network also fetches what
+  the verifier script installs at test time (:mod:`rsi_jax.env.verifier_deps`)."""
   try:
-    tag, dockerfile_text, _ = task_image_tag(client, task, image_map, ca_bundle)
+    tag, dockerfile_text, _ = task_image_tag(client, task, image_map, ca_bundle, verifier_deps=network != "none")
   except docker.errors.DockerException as e:
     raise SandboxError(DOCKER_ERROR, f"{task.name}: {e}") from None
   with _BUILD_LOCKS_LOCK:

@@ -42,6 +42,7 @@ from pathlib import Path
 from rsi_jax.env.sandbox import (CONTAINER_DIED, VERIFIER_ERROR, VERIFIER_TIMEOUT, DockerSandbox,
                                  SandboxError)
 from rsi_jax.env.tasks import LAYOUT_TB1, Task
+from rsi_jax.env.verifier_deps import OFFLINE_ENV
 from rsi_jax.rl.ctrf import VerificationOutcome, VerificationState, verification_outcome
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,8 @@ def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0) -> VerifierRun:
   # 4. The test script, with a fixed environment.
   env = {**task.verifier_env, "PATH": task.verifier_env.get("PATH", VERIFIER_PATH), "TEST_DIR": TESTS_DIR, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
          "PYTHONSAFEPATH": "1", "PYTHONPYCACHEPREFIX": f"/tmp/.rsi-pycache-{nonce}", "PYTHONPATH": GUARD_LIB,
-         "PYTEST_PLUGINS": GUARD_MODULE, "RSI_GUARD_NONCE": nonce, "RSI_GUARD_DIR": GUARD_DIR}
+         "PYTEST_PLUGINS": GUARD_MODULE, "RSI_GUARD_NONCE": nonce, "RSI_GUARD_DIR": GUARD_DIR,
+         **OFFLINE_ENV}  # pip / uv install what the build fetched, from the image, with the network off
   workdir = (sandbox.container.attrs.get("Config") or {}).get("WorkingDir") or "/"
   res = sandbox.exec_raw(["/bin/bash", task.test_script], timeout_s=timeout_s, env=env, workdir=workdir,
                          cap_bytes=cap)

@@ -145,3 +145,44 @@ def test_build_reaches_the_package_registry(tmp_path, docker_client, settings):
                                            "import six; print(six.__version__)"], remove=True, network_mode="none")
   assert out.decode().strip() == "1.16.0"
   docker_client.images.remove(tag)
+
+
+def test_verifier_requirements_are_read_from_the_script(tmp_path):
+  from rsi_jax.env.verifier_deps import requirements
+  d = _copy(tmp_path)
+  (d / "tests" / "requirements.txt").write_text("numpy==2.1.0  # pinned\nrequests>=2\n\n")
+  (d / "tests" / "test.sh").write_text(
+      "#!/bin/bash\n# uvx -w commented==1.0 out\napt-get update && apt-get install -y curl\n"
+      "pip install --break-system-packages pytest==8.2.0 'six==1.16.0' -r /tests/requirements.txt\n"
+      "python3 -m pip install -q --index-url https://x/simple attrs\n"
+      "uv pip install --system pluggy==1.5.0\n"
+      "uvx -p 3.13 -w pytest==8.4.1 -w pytest-json-ctrf==0.3.5 pytest --ctrf /logs/verifier/ctrf.json\n"
+      "uv run --with iniconfig==2.0.0 pytest\n")
+  assert requirements(load_task(d)) == ["attrs", "iniconfig==2.0.0", "numpy==2.1.0", "pluggy==1.5.0",
+                                        "pytest", "pytest-json-ctrf==0.3.5", "pytest==8.2.0", "pytest==8.4.1",
+                                        "requests>=2", "six==1.16.0"]
+
+
+@pytest.mark.docker
+@pytest.mark.network
+def test_verifier_installs_offline_what_the_build_fetched(tmp_path, docker_client, settings):
+  """An unmodified verifier script that pip-installs at test time: with a network build the package is
+  fetched into the image and the same command installs it with the network off (S = 1); without, the
+  install fails, the script stops before its gate and the episode is an infrastructure failure with the
+  reason (not a silent 0)."""
+  import dataclasses
+
+  from rsi_jax.env.sandbox import host_ca_bundle
+  d = _copy(tmp_path)
+  script = (d / "tests" / "test.sh").read_text()
+  (d / "tests" / "test.sh").write_text(script.replace(
+      "mkdir -p /logs/verifier\n",
+      "mkdir -p /logs/verifier\npip install --break-system-packages --quiet six==1.16.0 || exit 1\n", 1))
+  (d / "tests" / "test_outputs.py").write_text((d / "tests" / "test_outputs.py").read_text()
+                                               + "\n\ndef test_six():\n  import six\n  assert six.__version__ == '1.16.0'\n")
+  task = load_task(d)
+  online = dataclasses.replace(settings, build_network="host", build_ca_bundle=host_ca_bundle())
+  ok = run_episode(task, OracleHarness(), docker_client, online)
+  assert ok.success == 1 and ok.outcome.passed == 4, ok.verifier_output[-1500:]
+  offline = run_episode(task, OracleHarness(), docker_client, settings)
+  assert offline.infra_failure and "no reward.txt" in offline.outcome.reason and "six" in offline.verifier_output
