@@ -1,5 +1,6 @@
-"""Environment throughput: episodes per minute for N concurrent oracle episodes vs the same N run one after
-another, container start latency, and per-command latency of the persistent shell.
+"""Environment throughput: task image build time per family (fresh vs cached), episodes per minute for N
+concurrent oracle episodes vs the same N run one after another, container start latency, and per-command
+latency of the persistent shell.
 
 Usage: .venv/bin/python benchmarks/bench_env.py [--episodes 16] [--concurrency 16] [--tasks-dir tasks]
 Needs a Docker daemon and rsi-base (scripts/docker_up.sh, scripts/build_base_image.sh).
@@ -45,6 +46,27 @@ def bench_start(client, run_id, n):
   return starts, firsts, cmds
 
 
+def bench_builds(client, tasks, image_map):
+  """Per task family (its first task): a fresh build (its image and the layers only it uses removed first)
+  and a cached one (the image is there: the content-hash tag is found)."""
+  from rsi_jax.env.sandbox import build_task_image, task_image_tag
+  rows = []
+  for fam in sorted({t.family for t in tasks}):
+    t = next(x for x in tasks if x.family == fam)
+    tag, _, _ = task_image_tag(client, t, image_map)
+    try:
+      client.images.remove(tag)
+    except Exception:  # noqa: BLE001 - not built yet
+      pass
+    t0 = time.perf_counter()
+    build_task_image(client, t, image_map)
+    fresh = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    build_task_image(client, t, image_map)
+    rows.append((fam, t.name, fresh, time.perf_counter() - t0))
+  return rows
+
+
 def bench_episodes(settings, tasks, n, concurrency):
   jobs = [(tasks[i % len(tasks)], OracleHarness()) for i in range(n)]
   with EnvPool(settings, concurrency=concurrency, reap=False) as pool:
@@ -75,6 +97,9 @@ def main():
     print(f"command latency (echo):        median {statistics.median(cmds) * 1e3:.0f} ms, "
           f"p90 {_pct(cmds, 0.9) * 1e3:.0f} ms over {len(cmds)}")
 
+    for fam, name, fresh, cached in bench_builds(client, tasks, settings.image_map):
+      print(f"image build {fam:<18} ({name}): fresh {fresh:5.2f} s, cached {cached * 1e3:6.1f} ms, "
+            f"ratio {fresh / cached:,.0f}x")
     with EnvPool(settings, concurrency=8, reap=False) as pool:  # image builds are not what is measured
       t0 = time.perf_counter()
       pool.prebuild(tasks)

@@ -94,3 +94,23 @@ def test_infrastructure_failures_are_retried_then_reported(pool_and_tasks, tmp_p
   bad = [e for e in rep.episodes if e["task"] == "broken-build"]
   assert len(bad) == 2 and all(e["infra_failure"] and e["tries"] == 2 and e["failure_kind"] for e in bad)
   assert "infrastructure failures as failures: 50.00%" in rep.render()
+
+
+def test_oracle_over_a_folder_of_upstream_format_tasks(tmp_path, docker_client):
+  """A folder a user brings: the shipped upstream-layout tasks (TB1 and Harbor/TB2) and fixtures written in
+  upstream patterns (a TB1 task with parser_name pytest, a Harbor verifier run from the working directory),
+  loaded unchanged through --tasks_dir: the reference solutions score 100 with no infrastructure failure."""
+  import shutil
+  suite = tmp_path / "upstream-format"
+  for src in (REPO_ROOT / "tasks" / "upstream-tb1-collect-todos", REPO_ROOT / "tasks" / "upstream-tb2-rotate-logs",
+              REPO_ROOT / "tests/env/fixtures/tasks/tb1-word-sum", REPO_ROOT / "tests/env/fixtures/tasks/harbor-calc"):
+    shutil.copytree(src, suite / src.name)
+  out = tmp_path / "out"
+  p = subprocess.run([sys.executable, "-m", "rsi_jax.eval", "--harness=oracle", "--repeats=1",
+                      f"--tasks_dir={suite}", f"--output={out}", "eval.max_tasks=0"], cwd=REPO_ROOT, capture_output=True, text=True,
+                     timeout=600)
+  assert p.returncode == 0, p.stderr[-2000:]
+  s = json.loads((out / "summary.json").read_text())
+  assert s["n_tasks"] == 4 and s["mean_at_r"] == 100.0 and s["infra_failures"] == 0 and s["infra_retries"] == 0
+  assert (suite / "strata.json").exists() and s["strata"]["file"] == str(suite / "strata.json")
+  assert sorted(v["stratum"] for v in s["per_task"].values()) != [None] * 4
