@@ -232,14 +232,18 @@ CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUND
                 "NODE_EXTRA_CA_CERTS", "UV_NATIVE_TLS")
 
 
+SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
+                     "/etc/ssl/cert.pem")
+
+
 def host_ca_bundle() -> str | None:
-  """The host's CA bundle as its environment names it (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, PIP_CERT,
-  CURL_CA_BUNDLE), if that file exists."""
+  """The host's CA bundle: the file its environment names (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, PIP_CERT,
+  CURL_CA_BUNDLE), else the system trust store's bundle, if one exists."""
   for k in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE"):
     v = os.environ.get(k)
     if v and Path(v).is_file():
       return v
-  return None
+  return next((p for p in SYSTEM_CA_BUNDLES if Path(p).is_file()), None)
 
 
 def with_build_ca(dockerfile: str, ca_digest: str) -> str:
