@@ -54,6 +54,23 @@ def _is_spec(w: str) -> bool:
   return bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._\-]*(\[[\w,.\-]+\])?([<>=!~]=?[\w.*+!\-,<>=~]+)?", w))
 
 
+def _positionals(args: list[str], handlers: dict):
+  """The positional arguments of ``args``, in order; an option in ``handlers`` is passed its value, one in
+  :data:`_OPTS_WITH_VALUE` skips its value, other options are skipped."""
+  i = 0
+  while i < len(args):
+    a = args[i]
+    if a in handlers and i + 1 < len(args):
+      handlers[a](args[i + 1])
+      i += 2
+    elif a in _OPTS_WITH_VALUE:
+      i += 2
+    else:
+      if not a.startswith("-"):
+        yield a
+      i += 1
+
+
 def requirements(task) -> list[str]:
   """The package specifiers the verifier script installs (``pip``/``pip3``/``python -m pip``/``uv pip``
   ``install``, ``-r`` files in the tests folder, ``uvx``/``uv tool run``/``uv run`` ``--with``/``-w`` and
@@ -67,56 +84,29 @@ def requirements(task) -> list[str]:
       specs.extend(w for ln in f.read_text(errors="replace").splitlines()
                    for w in [ln.split("#")[0].strip()] if w and _is_spec(w.replace(" ", "")))
 
+  def with_specs(value: str):
+    specs.extend(x for x in value.split(",") if _is_spec(x))
+
   for words in _commands(_script(task)):
-    prog = Path(words[0]).name
-    rest = words[1:]
+    prog, rest = Path(words[0]).name, words[1:]
     if prog.startswith("python") and rest[:2] == ["-m", "pip"]:
       prog, rest = "pip", rest[2:]
     elif prog == "uv" and rest[:1] == ["pip"]:
       prog, rest = "pip", rest[1:]
     if prog in ("pip", "pip3") and rest[:1] == ["install"]:
-      i, args = 0, rest[1:]
-      while i < len(args):
-        a = args[i]
-        if a in ("-r", "--requirement") and i + 1 < len(args):
-          from_file(args[i + 1])
-          i += 2
-          continue
-        if a in _OPTS_WITH_VALUE:
-          i += 2
-          continue
-        if not a.startswith("-") and _is_spec(a):
-          specs.append(a)
-        i += 1
+      specs.extend(a for a in _positionals(rest[1:], {"-r": from_file, "--requirement": from_file}) if _is_spec(a))
       continue
-    tool = None
-    if prog == "uvx":
-      tool = rest
-    elif prog == "uv" and rest[:2] == ["tool", "run"]:
-      tool = rest[2:]
+    if prog == "uvx" or (prog == "uv" and rest[:2] == ["tool", "run"]):
+      tool_args, names_tool = (rest if prog == "uvx" else rest[2:]), True
     elif prog == "uv" and rest[:1] == ["run"]:
-      tool = rest[1:]
-    if tool is not None:
-      i, first = 0, True
-      while i < len(tool):
-        a = tool[i]
-        if a in ("-w", "--with") and i + 1 < len(tool):
-          specs += [s for s in tool[i + 1].split(",") if _is_spec(s)]
-          i += 2
-          continue
-        if a == "--with-requirements" and i + 1 < len(tool):
-          from_file(tool[i + 1])
-          i += 2
-          continue
-        if a in _OPTS_WITH_VALUE:
-          i += 2
-          continue
-        if not a.startswith("-"):
-          if first and prog != "uv" or (prog == "uv" and rest[:2] == ["tool", "run"] and first):
-            if _is_spec(a):
-              specs.append(a)  # the tool itself (uvx pytest)
-          break
-        i += 1
+      tool_args, names_tool = rest[1:], False  # `uv run CMD`: CMD is not a package
+    else:
+      continue
+    handlers = {"-w": with_specs, "--with": with_specs, "--with-requirements": from_file}
+    for a in _positionals(tool_args, handlers):  # options up to the tool; the tool's own arguments after it
+      if names_tool and _is_spec(a):
+        specs.append(a)  # the tool itself (uvx pytest)
+      break
   return sorted(set(specs))
 
 
