@@ -170,10 +170,6 @@ def preflight(cfg: Config, cli_overrides: Sequence[str] = (), num_devices: int |
   return plan
 
 
-def index_of(phases, name: str) -> int:
-  return list(phases).index(name)
-
-
 def pick_tasks(tasks, n: int):
   """Up to n tasks (0 = all), round-robin over families so every family is represented."""
   if n <= 0 or n >= len(tasks):
@@ -501,7 +497,7 @@ class Driver:
     def full(train):  # what a checkpoint of this phase holds: the carried critic too
       return train if phase.uses_critic else train._replace(critic=carried)
 
-    if index_of(self.cfg.pipeline.phases, spec.name) == 0 and latest == 0:
+    if list(self.cfg.pipeline.phases).index(spec.name) == 0 and latest == 0:
       self._evaluate(ctx, "base", 0, state.train.actor)  # the first phase's starting actor
     every = cfg.pipeline.eval_every
     bar = self.console.bar(n, latest, spec.name)
