@@ -78,8 +78,9 @@ exec 3>&1 1>/dev/null 2>/dev/null
 [ -f "$__rsi_d/state" ] && . "$__rsi_d/state"
 __rsi_exit() {
   __rsi_rc=$?
+  set +e +u +o pipefail  # the command's own shell options (set -euo pipefail) end with it
   { export -p; printf 'cd -- %q\n' "$PWD"; } > "$__rsi_d/state.tmp" && /usr/bin/mv -f "$__rsi_d/state.tmp" "$__rsi_d/state"
-  kill -KILL -- -"$__rsi_wd"
+  kill -KILL -- -"$__rsi_wd" 2>/dev/null || kill -KILL "$__rsi_wd" 2>/dev/null  # (not yet its own group)
   __rsi_n=$(/usr/bin/stat -c %s "$__rsi_o" || echo 0)
   if [ "$__rsi_n" -le "$__rsi_cap" ]; then /usr/bin/cat "$__rsi_o" >&3
   else
