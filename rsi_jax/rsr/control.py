@@ -40,7 +40,7 @@ def control_free_steps(transcript: Sequence[Mapping[str, str]], harness: str) ->
   steps: list[Step] = []
   pending: Step | None = None  # the last command, waiting for its observation
   summary_next = False
-  for i, m in enumerate(transcript):
+  for m in transcript:
     role, content = m.get("role"), str(m.get("content", ""))
     if role == "system":
       continue

@@ -27,7 +27,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import fnmatch
-import json
 import os
 import re
 import shlex
@@ -307,7 +306,7 @@ def _operands(prog: str, args: list[str]) -> list[str]:
   out, skip_script = [], prog in SCRIPT_FIRST
   if any(a in ("-e", "-f", "--expression", "--file") for a in args):
     skip_script = False
-  for i, a in enumerate(args):
+  for a in args:
     if a == "-c" and (prog.startswith("python") or prog in ("sh", "bash", "dash", "zsh")):
       break  # inline code follows
     if a.startswith("-"):
@@ -350,24 +349,25 @@ def _glob_reaches(pattern: str, prefix: str) -> bool:
   return all(fnmatch.fnmatchcase(q, c) for q, c in zip(qc, pc))
 
 
-def _written(cmds: Sequence[str], workdir: str) -> set[str]:
-  out = set()
-  for prog, words, cwd, cmd in _walk(cmds, workdir):
-    out |= {_abs(w.strip("\"'"), cwd) for w in re.findall(r">>?\s*([^\s;&|<>]+)", " ".join(words))}
-    if prog in WRITERS or prog in ("tar", "zip", "gzip"):
-      out |= {_abs(w, cwd) for w in words[1:] if _is_path(w)}
+def _writes(prog: str, words: list[str], cwd: str) -> set[str]:
+  """Files one simple command writes: redirection targets, operands of writers and archivers, ``-o``."""
+  out = {_abs(w.strip("\"'"), cwd) for w in re.findall(r">>?\s*([^\s;&|<>]+)", " ".join(words))}
+  if prog in WRITERS or prog in ("tar", "zip", "gzip"):
+    out |= {_abs(w, cwd) for w in words[1:] if _is_path(w)}
+  if "-o" in words and words.index("-o") + 1 < len(words):
+    out.add(_abs(words[words.index("-o") + 1], cwd))
   return out
+
+
+def _written(cmds: Sequence[str], workdir: str) -> set[str]:
+  return {p for prog, words, cwd, _ in _walk(cmds, workdir) for p in _writes(prog, words, cwd)}
 
 
 def _artifact_findings(cmds: Sequence[str], facts: TaskFacts) -> list[tuple[str, str]]:
   """Files the commands read that neither the public world nor an earlier (or the same) command has."""
   found, writes = [], set()
-  for prog, words, cwd, cmd in _walk(cmds, facts.workdir):
-    writes |= {_abs(w.strip("\"'"), cwd) for w in re.findall(r">>?\s*([^\s;&|<>]+)", cmd)}
-    if prog in WRITERS or prog in ("tar", "zip", "gzip"):
-      writes |= {_abs(w, cwd) for w in words[1:] if _is_path(w)}
-    if "-o" in words and words.index("-o") + 1 < len(words):
-      writes.add(_abs(words[words.index("-o") + 1], cwd))
+  for prog, words, cwd, _ in _walk(cmds, facts.workdir):
+    writes |= _writes(prog, words, cwd)
     if prog not in READERS:
       continue
     for w in _operands(prog, words[1:]):
@@ -387,7 +387,7 @@ def _compat_findings(cmds: Sequence[str], network: bool) -> list[tuple[str, str]
   found = []
   for c in cmds:
     simple = _words(c)
-    for i, words in enumerate(simple):
+    for words in simple:
       prog = Path(words[0]).name
       if prog in INTERACTIVE:
         found.append(("compatibility", f"interactive program {prog!r} cannot run under the harness"))
