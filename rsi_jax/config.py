@@ -296,7 +296,7 @@ class EnvConfig:
   max_tasks: int = 0  # the task pool: 0 = every task in tasks_dir, else this many, round-robin over families
   base_image: str = "rsi-base"
   # upstream base image (glob, first match wins) -> local image, for images not available locally; merged over
-  # rsi_jax.env.tasks.DEFAULT_IMAGE_MAP (ubuntu:*, debian:*, python:3*, ghcr.io/laude-institute/... -> rsi-base)
+  # rsi_jax.env.tasks.DEFAULT_IMAGE_MAP (ubuntu, debian, python, buildpack-deps, Terminal-Bench -> the family)
   image_map: dict = dataclasses.field(default_factory=dict)
   docker_hosts: tuple = ()  # () = the local daemon (DOCKER_HOST or the default socket)
   concurrency: int = 4
@@ -308,7 +308,7 @@ class EnvConfig:
   max_turns: int = 32
   summarize_threshold_tokens: int = 32_000
   harness: str = "json"
-  build_network: str = "none"  # network of task image builds: none | host | default (pip/apt/uv at build time)
+  build_network: str = "host"  # network of task image builds: none | host | default (pip/apt/uv at build time)
   # CA bundle those builds trust: "" = the host's (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, PIP_CERT, CURL_CA_BUNDLE),
   # a PEM file, or "none"; needed behind TLS-inspecting proxies
   build_ca_bundle: str = ""

@@ -28,6 +28,9 @@ from rsi_jax.rl.ctrf import VerificationOutcome, verification_outcome
 log = logging.getLogger(__name__)
 
 NEEDS_INTERNET = "needs_internet"  # the task asks for the network the run does not give: refused, never scored
+# the task's verifier fetches at test time (rsi_jax.env.verifier_deps) and builds have no network to fetch it
+# beforehand: refused, never scored (its script would fail and score 0)
+NEEDS_BUILD_NETWORK = "needs_build_network"
 AGENT_ERROR = "agent_error"  # the harness or policy raised (not the agent's behaviour: masked, counted)
 ABORTED = "aborted"  # stopped on purpose (oversampling: enough other episodes finished first)
 
@@ -42,7 +45,7 @@ class EnvSettings:
   """What an episode needs from ``EnvConfig`` (see :meth:`from_config`)."""
   run_id: str = "dev"
   image_map: Mapping[str, str] = dataclasses.field(default_factory=lambda: effective_image_map({}))
-  build_network: str = "none"
+  build_network: str = "host"
   network: str = "none"
   output_cap_bytes: int = 10_000
   command_timeout_s: float = 60.0
@@ -51,7 +54,8 @@ class EnvSettings:
   hygiene_patterns: tuple = ()
   pids_limit: int = 512  # unless the task sets its own
   disk_limit_bytes: int = 10 << 30  # what a container may write, unless the task sets environment.storage
-  build_ca_bundle: str | None = None  # a CA bundle task builds trust (builds with a network only)
+  # a CA bundle task builds trust (builds with a network only); default: the host's
+  build_ca_bundle: str | None = dataclasses.field(default_factory=host_ca_bundle)
 
   @classmethod
   def from_config(cls, cfg, run_id: str, hygiene_patterns=()) -> "EnvSettings":
@@ -165,6 +169,17 @@ def run_episode(task: Task, harness: Harness, client, settings: EnvSettings, *, 
     res.outcome = verification_outcome(infra_error=res.error)
     res.total_s = time.time() - t0
     return res
+  if settings.build_network == "none":
+    from rsi_jax.env.verifier_deps import fetches
+    wants = fetches(task)
+    if wants:
+      res.failure_kind = NEEDS_BUILD_NETWORK
+      res.error = (f"{task.name}: its verifier script fetches {', '.join(wants)} at test time, and with "
+                   f"env.build_network 'none' the build cannot put them in the image: refused (set "
+                   f"env.build_network: host)")
+      res.outcome = verification_outcome(infra_error=res.error)
+      res.total_s = time.time() - t0
+      return res
   try:
     image = build_task_image(client, task, settings.image_map, network=settings.build_network,
                              ca_bundle=settings.build_ca_bundle)
@@ -284,16 +299,20 @@ class EnvPool:
     return [f.result() for f in futs]
 
   def check_base_images(self, tasks: Iterable[Task]) -> dict:
-    """Warn (once, before any build) about tasks whose ``FROM`` names an image that is neither available
-    on an endpoint nor mapped by ``env.image_map``; returns {task: [images]}."""
+    """Warn (once, before any build) about every ``FROM`` a build cannot satisfy as written: an image neither
+    available on an endpoint nor mapped by ``env.image_map`` (its build will fail), or one whose family image
+    is not built (the base image stands in; the warning names the command that builds it). Returns
+    {task: [lines]} (:func:`rsi_jax.env.tasks.base_image_problems`)."""
     from rsi_jax.env.sandbox import _image_exists
-    from rsi_jax.env.tasks import unsatisfied_base_images
-    out = {}
+    from rsi_jax.env.tasks import base_image_problems
+    out: dict = {}
     for c in self.clients.values():
-      out.update(unsatisfied_base_images(list(tasks), self.settings.image_map, lambda n: _image_exists(c, n)))
-    for name, images in sorted(out.items()):
-      log.warning("%s: base image(s) %s neither present nor mapped (env.image_map): its build will fail",
-                  name, ", ".join(images))
+      for name, lines in base_image_problems(list(tasks), self.settings.image_map,
+                                             lambda n: _image_exists(c, n)).items():
+        out.setdefault(name, []).extend(x for x in lines if x not in out.get(name, []))
+    for name, lines in sorted(out.items()):
+      for line in lines:
+        log.warning("%s: %s", name, line)
     return out
 
   def prebuild(self, tasks: Iterable[Task]):

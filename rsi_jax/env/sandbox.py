@@ -200,11 +200,11 @@ def task_image_tag(client, task: Task, image_map: Mapping[str, str], ca_bundle: 
   task or a rebuilt base image gives a new tag."""
   text, changes = rewrite_dockerfile(task.dockerfile.read_text(), image_map,
                                      lambda n: _image_exists(client, n), where=str(task.dockerfile))
-  if verifier_deps:  # what the verifier installs at test time, fetched now (rsi_jax.env.verifier_deps)
-    from rsi_jax.env.verifier_deps import download_step, requirements
-    specs = requirements(task)
-    if specs:
-      text = text.rstrip("\n") + "\n" + download_step(specs) + "\n"
+  if verifier_deps:  # what the verifier fetches at test time, fetched now (rsi_jax.env.verifier_deps)
+    from rsi_jax.env.verifier_deps import build_steps
+    steps = build_steps(task, text)
+    if steps:
+      text = text.rstrip("\n") + "\n" + steps
   if ca_bundle:
     text = with_build_ca(text, hashlib.sha256(Path(ca_bundle).read_bytes()).hexdigest())
   h = hashlib.sha256(text.encode())

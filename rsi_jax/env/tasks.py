@@ -45,9 +45,33 @@ DEFAULT_VERIFIER_TIMEOUT_S = 300.0
 DEFAULT_BUILD_TIMEOUT_S = 600.0
 DEFAULT_MEMORY = "2G"
 DEFAULT_CPUS = 1.0
-# Upstream base images -> the local base (env.base_image); env.image_map entries take precedence.
-DEFAULT_IMAGE_MAP = ("ubuntu:*", "debian:*", "python:3*", "python:latest", "buildpack-deps:*",
-                     "ghcr.io/laude-institute/*")
+# Upstream base images -> the local image family (scripts/build_base_image.sh): (glob on the canonical
+# reference, suite, build tools?), first match wins; env.image_map entries take precedence. Each suite gives
+# what the upstream image has: the distribution release (Ubuntu 24.04 -> noble) or, for python:*, the
+# Python version (3.13 -> trixie, 3.12 -> noble, 3.11 -> bookworm, 3.10 -> jammy); full python and
+# buildpack-deps images have compilers and headers (the -build variant), -slim ones do not.
+_PYTHON_SUITES = (("3.14", "trixie"), ("3.13", "trixie"), ("3.12", "noble"), ("3.11", "bookworm"),
+                  ("3.10", "jammy"), ("3.[0-9]", "bookworm"), ("3", "trixie"), ("latest", "trixie"))
+DEFAULT_IMAGE_MAP: tuple[tuple[str, str, bool], ...] = (
+    *((p, "noble", False) for p in ("ubuntu:24.04*", "ubuntu:noble*", "ubuntu:2[4-9].*", "ubuntu:latest",
+                                     "ubuntu:rolling", "ubuntu:devel")),
+    ("ubuntu:*", "jammy", False),  # 22.04 and older
+    *((p, "trixie", False) for p in ("debian:trixie*", "debian:13*", "debian:testing*", "debian:sid*",
+                                      "debian:unstable*", "debian:latest", "debian:stable*")),
+    ("debian:*", "bookworm", False),
+    *((p, "noble", True) for p in ("buildpack-deps:noble*", "buildpack-deps:24.04*")),
+    *((p, "jammy", True) for p in ("buildpack-deps:jammy*", "buildpack-deps:22.04*", "buildpack-deps:focal*",
+                                    "buildpack-deps:20.04*", "buildpack-deps:bionic*")),
+    *((p, "trixie", True) for p in ("buildpack-deps:trixie*", "buildpack-deps:testing*", "buildpack-deps:sid*",
+                                     "buildpack-deps:latest", "buildpack-deps:stable*")),
+    ("buildpack-deps:*", "bookworm", True),
+    *(x for v, suite in _PYTHON_SUITES for x in ((f"python:{v}*slim*", suite, False),
+                                                  (f"python:{v}*", suite, True))),
+    ("python:slim*", "trixie", False),
+    ("ghcr.io/laude-institute/t-bench/python-3-13*", "trixie", False),
+    ("ghcr.io/laude-institute/t-bench/ubuntu-24-04*", "noble", False),
+    ("ghcr.io/laude-institute/*", "bookworm", False),
+)
 # Files of a TB1 task folder that never enter its build context (the agent must not find them in the image).
 TB1_PRIVATE = ("tests", "solution.sh", "run-tests.sh", "task.yaml", "docker-compose.yaml",
                "docker-compose.yml")
@@ -338,11 +362,30 @@ def _memory(v, f: Path, field: str) -> int:
 
 # ------------------------------------------------------------------------------------------ image map
 
-def effective_image_map(image_map: Mapping[str, str], base_image: str = "rsi-base") -> dict[str, str]:
-  """The configured map first (first match wins), then :data:`DEFAULT_IMAGE_MAP` -> ``base_image``."""
-  out = dict(image_map)
-  for pattern in DEFAULT_IMAGE_MAP:
-    out.setdefault(pattern, base_image)
+def family_image(base_image: str, suite: str, build: bool = False) -> str:
+  """The local image scripts/build_base_image.sh builds for ``suite`` (``bookworm`` -> ``rsi-base``,
+  ``noble`` -> ``rsi-base-noble``, with build tools ``rsi-base-noble-build``)."""
+  name = base_image if suite == "bookworm" else f"{base_image}-{suite}"
+  return f"{name}-build" if build else name
+
+
+def family_spec(image: str, base_image: str = "rsi-base") -> str:
+  """The build_base_image.sh argument that builds the family ``image`` (``rsi-base-noble-build`` ->
+  ``noble-build``)."""
+  rest = image.split(":", 1)[0][len(base_image):].lstrip("-")
+  build = rest.endswith("build")
+  suite = rest[:-len("build")].rstrip("-") if build else rest
+  return (suite or "bookworm") + ("-build" if build else "")
+
+
+def effective_image_map(image_map: Mapping[str, str], base_image: str = "rsi-base") -> dict:
+  """The configured map first (first match wins), then :data:`DEFAULT_IMAGE_MAP`. A default entry's value is
+  (family image, ``base_image``): the family image where it is built, else ``base_image`` (with a warning
+  naming the command that builds the family image; see :func:`resolve_base_image`)."""
+  out: dict = dict(image_map)
+  for pattern, suite, build in DEFAULT_IMAGE_MAP:
+    target = family_image(base_image, suite, build)
+    out.setdefault(pattern, target if target == base_image else (target, base_image))
   return out
 
 
@@ -357,14 +400,50 @@ def resolve_base_image(image: str, image_map: Mapping[str, str],
   the official images, ``docker.io/library/``, a digest and a missing tag removed), so ``ubuntu``,
   ``docker.io/library/ubuntu:24.04`` and ``public.ecr.aws/docker/library/python:3.12@sha256:...`` all
   meet the ``ubuntu:*`` / ``python:3*`` entries. An image with no match is returned unchanged (the build then
-  fails naming it; :func:`unsatisfied_base_images` warns before that)."""
+  fails naming it; :func:`base_image_problems` warns before that)."""
   if is_local(image):
     return image
   short = canonical_image(image)
   for pattern, target in image_map.items():
     if fnmatch.fnmatchcase(image, pattern) or fnmatch.fnmatchcase(short, pattern):
+      if isinstance(target, tuple):  # (family image, fallback): the family image unless it is not built
+        return target[0] if is_local(target[0]) or not is_local(target[1]) else target[1]
       return target
   return image
+
+
+def base_image_problems(tasks, image_map: Mapping[str, str], is_local: Callable[[str], bool]) -> dict:
+  """{task name: [one line per ``FROM`` a build cannot satisfy as written]}: an image neither available
+  locally nor mapped (its build will fail), and one whose family image is not built (the fallback is used;
+  the line names the command that builds it). Stage names and build arguments are left aside."""
+  out: dict[str, list[str]] = {}
+  for t in tasks:
+    lines, stages = [], set()
+    for line in Path(t.dockerfile).read_text(errors="replace").splitlines():
+      m = _FROM.match(line)
+      if not m:
+        continue
+      image, rest = m.group(3), m.group(4)
+      if image.lower() not in stages and "$" not in image and not is_local(image):
+        new = resolve_base_image(image, image_map, is_local)
+        wanted = _mapped(image, image_map)
+        if new == image:
+          lines.append(f"base image {image} is neither present nor mapped by env.image_map: its build will fail")
+        elif isinstance(wanted, tuple) and new != wanted[0]:
+          lines.append(f"base image {image} maps to {wanted[0]}, which is not built (bash "
+                       f"scripts/build_base_image.sh {family_spec(wanted[0], wanted[1])}); using {new}")
+      alias = re.match(r"\s+AS\s+(\S+)", rest, re.IGNORECASE)
+      if alias:
+        stages.add(alias.group(1).lower())
+    if lines:
+      out[t.name] = lines
+  return out
+
+
+def _mapped(image: str, image_map: Mapping[str, str]):
+  short = canonical_image(image)
+  return next((v for k, v in image_map.items() if fnmatch.fnmatchcase(image, k) or fnmatch.fnmatchcase(short, k)),
+              None)
 
 
 # Registry prefixes under which the official images are mirrored unchanged.
@@ -381,28 +460,6 @@ def canonical_image(image: str) -> str:
       break
   last = ref.rsplit("/", 1)[-1]
   return ref if ":" in last else ref + ":latest"
-
-
-def unsatisfied_base_images(tasks, image_map: Mapping[str, str], is_local: Callable[[str], bool]) -> dict:
-  """{task name: [base images neither available locally nor mapped]} for the tasks whose Dockerfile names
-  one (stage names and build arguments left aside)."""
-  out = {}
-  for t in tasks:
-    missing, stages = [], set()
-    for line in Path(t.dockerfile).read_text(errors="replace").splitlines():
-      m = _FROM.match(line)
-      if not m:
-        continue
-      image, rest = m.group(3), m.group(4)
-      if image.lower() not in stages and "$" not in image and \
-          resolve_base_image(image, image_map, is_local) == image and not is_local(image):
-        missing.append(image)
-      alias = re.match(r"\s+AS\s+(\S+)", rest, re.IGNORECASE)
-      if alias:
-        stages.add(alias.group(1).lower())
-    if missing:
-      out[t.name] = missing
-  return out
 
 
 def rewrite_dockerfile(text: str, image_map: Mapping[str, str], is_local: Callable[[str], bool],

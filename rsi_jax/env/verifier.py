@@ -42,7 +42,7 @@ from pathlib import Path
 from rsi_jax.env.sandbox import (CONTAINER_DIED, VERIFIER_ERROR, VERIFIER_TIMEOUT, DockerSandbox,
                                  SandboxError)
 from rsi_jax.env.tasks import LAYOUT_TB1, Task
-from rsi_jax.env.verifier_deps import OFFLINE_ENV
+from rsi_jax.env.verifier_deps import OFFLINE_ENV, uv_installer, uv_preseed_script
 from rsi_jax.rl.ctrf import VerificationOutcome, VerificationState, verification_outcome
 
 log = logging.getLogger(__name__)
@@ -74,9 +74,12 @@ _PROTECTED_ANY = re.compile(
     r"|^/etc/python3[^/]*(/.*)?$"
     r"|^/etc/ld\.so\.(preload|conf)"
     r"|^/(usr/)?lib(64)?/(x86_64-linux-gnu/)?(ld-linux|lib[^/]*\.so)"
-    r"|^/(bin|sbin|lib|lib64)$")
-# Existing programs may not be changed or deleted (new ones may be added: tasks install tools).
-_PROGRAM_DIRS = re.compile(r"^/(usr/)?(local/)?s?bin/[^/]+$")
+    r"|^/(bin|sbin|lib|lib64)$"
+    r"|^/opt/rsi-verifier-[^/]+(/.*)?$"  # what the build fetched for the verifier (verifier_deps)
+    r"|^/root/\.local/share/uv(/.*)?$")  # Python versions uv installed at build time for the verifier
+# Existing programs may not be changed or deleted (new ones may be added: tasks install tools). root's
+# ~/.local/bin counts too: a verifier script that sources uv's env file puts it first on its PATH.
+_PROGRAM_DIRS = re.compile(r"^(/(usr/)?(local/)?s?bin|/root/\.local/bin)/[^/]+$")
 KIND_MODIFIED, KIND_ADDED, KIND_DELETED = 0, 1, 2
 
 
@@ -187,6 +190,8 @@ def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0) -> VerifierRun:
          "PYTEST_PLUGINS": GUARD_MODULE, "RSI_GUARD_NONCE": nonce, "RSI_GUARD_DIR": GUARD_DIR,
          **OFFLINE_ENV}  # pip / uv install what the build fetched, from the image, with the network off
   workdir = (sandbox.container.attrs.get("Config") or {}).get("WorkingDir") or "/"
+  if uv_installer(task) is not None:  # the script's uv installer step, satisfied from the image (verifier_deps)
+    sandbox.exec_raw(["/bin/bash", "-c", uv_preseed_script()], timeout_s=30)
   res = sandbox.exec_raw(["/bin/bash", task.test_script], timeout_s=timeout_s, env=env, workdir=workdir,
                          cap_bytes=cap)
   if res.timed_out:

@@ -200,6 +200,7 @@ def evaluate_config(cfg: Config, *, harness: str = "json", repeats: int = 3, che
   tasks, strata = suite_tasks(cfg, tasks_dir, task_names)
   pool = EnvPool.from_config(cfg.env, f"eval-{uuid.uuid4().hex[:6]}",
                              hygiene_patterns=cfg.reward.hygiene_patterns)
+  pool.check_base_images(tasks)  # warns, before any build, for each FROM a build cannot satisfy as written
   sampler = renderer = None
   info = {"suite": Path(tasks_dir).name, "tasks_dir": str(tasks_dir), "checkpoint": checkpoint or None}
   try:

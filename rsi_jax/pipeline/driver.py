@@ -424,9 +424,9 @@ class Driver:
     tasks = pick_tasks(load_tasks(cfg.env.tasks_dir), cfg.env.max_tasks)
     run_id = f"{cfg.run.name}-{uuid.uuid4().hex[:6]}"
     pool = EnvPool.from_config(cfg.env, run_id, hygiene_patterns=cfg.reward.hygiene_patterns)
-    for name, images in sorted(pool.check_base_images(tasks).items()):
-      self.console.line(f"warning: task {name}: base image {', '.join(images)} is neither present nor mapped by "
-                        f"env.image_map; its episodes will fail to build (infrastructure failures)")
+    for name, lines in sorted(pool.check_base_images(tasks).items()):
+      for line in lines:
+        self.console.line(f"warning: task {name}: {line}")
     n = sum(x.size for x in jax.tree.leaves(actor.abstract_params))
     axes = {k: v for k, v in mesh.shape.items() if v > 1} or {"single device": 1}
     self.console.line(f"rsi_jax run {self.run_dir}: MaxText Qwen3 '{cfg.model.name}' ({n:,} params) on mesh "

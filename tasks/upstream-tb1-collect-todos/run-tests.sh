@@ -3,9 +3,16 @@
 # You can modify anything in this script. Just make sure it generates test output that
 # is parsed by a parser (PytestParser by default).
 
-# Terminal-Bench 1 installs curl and uv at this point and runs the tests with `uv run pytest` in a fresh uv
-# project. Task containers here have no network, so the same pytest run uses the base image's interpreter
-# and pytest (an absolute path, so nothing the agent put on PATH is picked up).
+# This boilerplate script installs uv (to manage Python) and runs pytest.
+
+# Install curl
+apt-get update
+apt-get install -y curl
+
+# Install uv
+curl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh
+
+source $HOME/.local/bin/env
 
 # Check if we're in a valid working directory
 if [ "$PWD" = "/" ]; then
@@ -13,4 +20,9 @@ if [ "$PWD" = "/" ]; then
     exit 1
 fi
 
-/usr/bin/python3 -m pytest $TEST_DIR/test_outputs.py -rA
+uv init
+uv add pytest==8.4.1
+
+# Run pytest
+
+uv run pytest $TEST_DIR/test_outputs.py -rA

@@ -15,10 +15,11 @@ SMOKE = REPO / "configs" / "smoke.yml"
 def test_settings_from_config():
   cfg = load_config(SMOKE, ["env.image_map={node:*: my-base}", "env.pids_limit=64"])
   s = EnvSettings.from_config(cfg.env, "run-1", hygiene_patterns=cfg.reward.hygiene_patterns)
-  assert s.run_id == "run-1" and s.network == "none" and s.build_network == "none" and s.pids_limit == 64
+  assert s.run_id == "run-1" and s.network == "none" and s.build_network == "host" and s.pids_limit == 64
   assert s.command_timeout_s == cfg.env.command_timeout_s and s.verifier_timeout_s == cfg.env.verifier_timeout_s
-  # the configured entries come first, then the built-in upstream patterns -> env.base_image
-  assert list(s.image_map.items())[0] == ("node:*", "my-base") and s.image_map["ubuntu:*"] == "rsi-base"
+  # the configured entries come first, then the built-in upstream patterns -> the family (else env.base_image)
+  assert list(s.image_map.items())[0] == ("node:*", "my-base")
+  assert s.image_map["ubuntu:*"] == ("rsi-base-jammy", "rsi-base") and s.image_map["debian:*"] == "rsi-base"
 
 
 def test_make_harness_from_config(tokenizer, renderer):

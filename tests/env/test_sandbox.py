@@ -58,6 +58,14 @@ def test_scripts_daemon_and_base_image(docker_client):
   from rsi_jax.rl.ctrf import parse_ctrf
   report = parse_ctrf(run.stdout[run.stdout.index("{"):])
   assert report.valid and report.passed == 1 and report.failed == 1 and report.total == 2
+  # the family image upstream Python 3.13 images map onto (built by scripts/test.sh): its own Python, and
+  # `python` as in python:* images
+  run = subprocess.run(["docker", "run", "--rm", "--network", "none", "rsi-base-trixie", "bash", "-c",
+                        "python --version; python3 -m pytest --version; grep -o 'suite=[a-z]*' /etc/rsi-base"],
+                       capture_output=True, text=True, timeout=120)
+  assert run.returncode == 0, run.stderr
+  assert run.stdout.startswith("Python 3.13.") and "pytest 9.2.0" in run.stdout + run.stderr
+  assert run.stdout.strip().endswith("suite=trixie")
 
 
 def test_persistent_shell_state(box):

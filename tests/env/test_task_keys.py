@@ -163,13 +163,45 @@ def test_verifier_requirements_are_read_from_the_script(tmp_path):
                                         "requests>=2", "six==1.16.0"]
 
 
+def test_verifier_fetches_are_turned_into_build_steps(tmp_path):
+  """The TB1 boilerplate (apt-get curl, the uv installer, uv init / add / run) and TB2's (uvx -p 3.13 -w ...)
+  become build steps: apt packages, the wheels, uv at the installer's version, a python request, and the uv
+  commands replayed with the tools' own arguments replaced (nothing of the tests runs at build time); a
+  task's last USER is restored after them."""
+  from rsi_jax.env.verifier_deps import (_uv_commands, apt_packages, build_steps, python_requests,
+                                         uv_installer)
+  d = _copy(tmp_path)
+  (d / "tests" / "test.sh").write_text(
+      "#!/bin/bash\napt-get update\napt-get install -y curl git=1:2.39.5-0+deb12u2\n"
+      "curl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh\nsource $HOME/.local/bin/env\n"
+      "uv init\nuv add pytest==8.4.1\nuv run pytest $TEST_DIR/test_outputs.py -rA\n"
+      "uvx \\\n  -p 3.13 \\\n  -w pytest-json-ctrf==0.3.5 \\\n  pytest --ctrf /logs/verifier/ctrf.json /tests/x.py\n")
+  t = load_task(d)
+  assert apt_packages(t) == ["curl", "git=1:2.39.5-0+deb12u2"]
+  assert uv_installer(t) == "0.7.13"
+  assert python_requests(t) == ["3.13"]
+  assert _uv_commands(t) == [["uv", "init"], ["uv", "add", "pytest==8.4.1"], ["uv", "run", "python", "--version"],
+                             ["uvx", "-p", "3.13", "-w", "pytest-json-ctrf==0.3.5", "pytest", "--version"]]
+  steps = build_steps(t, "FROM rsi-base\nUSER app\n").splitlines()
+  assert steps[1] == "USER root" and steps[-1] == "USER app"
+  assert steps[2] == ("RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y "
+                      "--no-install-recommends curl git=1:2.39.5-0+deb12u2")
+  assert "pytest-json-ctrf==0.3.5 pytest==8.4.1" in steps[3] and "uv==0.7.13" in steps[4]
+  assert "uv python find 3.13" in steps[5] and "uv python install 3.13" in steps[5]
+  assert "uv add pytest==8.4.1 ; uv run python --version ; uvx -p 3.13" in steps[6]
+  assert "/tests/x.py" not in "\n".join(steps) and "ctrf.json" not in "\n".join(steps)
+  (d / "tests" / "test.sh").write_text("#!/bin/bash\n# curl https://astral.sh/uv/install.sh is not run here\n"
+                                       "python3 -m pytest /tests\n")
+  t = load_task(d)
+  assert build_steps(t, "FROM rsi-base\n") == "" and uv_installer(t) is None
+
+
 @pytest.mark.docker
 @pytest.mark.network
 def test_verifier_installs_offline_what_the_build_fetched(tmp_path, docker_client, settings):
   """An unmodified verifier script that pip-installs at test time: with a network build the package is
-  fetched into the image and the same command installs it with the network off (S = 1); without, the
-  install fails, the script stops before its gate and the episode is an infrastructure failure with the
-  reason (not a silent 0)."""
+  fetched into the image and the same command installs it with the network off (S = 1); with builds offline
+  the task is refused as an infrastructure failure naming what it fetches (not a silent 0)."""
   import dataclasses
 
   from rsi_jax.env.sandbox import host_ca_bundle
@@ -184,5 +216,6 @@ def test_verifier_installs_offline_what_the_build_fetched(tmp_path, docker_clien
   online = dataclasses.replace(settings, build_network="host", build_ca_bundle=host_ca_bundle())
   ok = run_episode(task, OracleHarness(), docker_client, online)
   assert ok.success == 1 and ok.outcome.passed == 4, ok.verifier_output[-1500:]
-  offline = run_episode(task, OracleHarness(), docker_client, settings)
-  assert offline.infra_failure and "no reward.txt" in offline.outcome.reason and "six" in offline.verifier_output
+  offline = run_episode(task, OracleHarness(), docker_client, dataclasses.replace(settings, build_network="none"))
+  assert offline.infra_failure and offline.failure_kind == "needs_build_network"
+  assert "six==1.16.0" in offline.error and "env.build_network: host" in offline.error

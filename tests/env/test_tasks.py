@@ -1,6 +1,7 @@
 """Task loading (both upstream layouts, the shipped suite), malformed folders, and the base-image map."""
 
 import logging
+import re
 import shutil
 
 import pytest
@@ -117,17 +118,55 @@ def test_parse_memory():
 
 
 def test_image_map_rewrites_only_missing_images(caplog):
-  local = {"rsi-base", "mylocal:1"}
+  local = {"rsi-base", "mylocal:1", "rsi-base-noble"}
   m = effective_image_map({"node:*": "rsi-base"}, "rsi-base")
   text = ("FROM ubuntu:24.04 AS build\nRUN true\nFROM build\nFROM --platform=linux/amd64 python:3.12-slim\n"
           "from mylocal:1\nFROM node:20\nFROM alpine:3\n")
   with caplog.at_level(logging.INFO, logger="rsi_jax.env.tasks"):
     new, changes = rewrite_dockerfile(text, m, lambda n: n in local)
-  assert new.splitlines() == ["FROM rsi-base AS build", "RUN true", "FROM build",
-                              "FROM --platform=linux/amd64 rsi-base", "from mylocal:1", "FROM rsi-base",
+  assert new.splitlines() == ["FROM rsi-base-noble AS build", "RUN true", "FROM build",
+                              "FROM --platform=linux/amd64 rsi-base-noble", "from mylocal:1", "FROM rsi-base",
                               "FROM alpine:3"]
-  assert changes == [("ubuntu:24.04", "rsi-base"), ("python:3.12-slim", "rsi-base"), ("node:20", "rsi-base")]
-  assert "ubuntu:24.04 is not available locally; using rsi-base" in caplog.text
+  assert changes == [("ubuntu:24.04", "rsi-base-noble"), ("python:3.12-slim", "rsi-base-noble"),
+                     ("node:20", "rsi-base")]
+  assert "ubuntu:24.04 is not available locally; using rsi-base-noble" in caplog.text
+
+
+@pytest.mark.parametrize("ref, family", [
+    ("ubuntu:24.04", "rsi-base-noble"), ("ubuntu", "rsi-base-noble"), ("ubuntu:noble-20250101", "rsi-base-noble"),
+    ("ubuntu:22.04", "rsi-base-jammy"), ("ubuntu:20.04", "rsi-base-jammy"),
+    ("debian:bookworm-slim", "rsi-base"), ("debian:trixie", "rsi-base-trixie"), ("debian:13", "rsi-base-trixie"),
+    ("python:3.13-slim-bookworm", "rsi-base-trixie"), ("python:3.13", "rsi-base-trixie-build"),
+    ("python:3.12-slim", "rsi-base-noble"), ("python:3.11", "rsi-base-build"), ("python:3.11-slim", "rsi-base"),
+    ("python:3.10-slim", "rsi-base-jammy"), ("python:3.9-slim", "rsi-base"), ("python:3-slim", "rsi-base-trixie"),
+    ("python", "rsi-base-trixie-build"), ("buildpack-deps:jammy", "rsi-base-jammy-build"),
+    ("buildpack-deps:bookworm-scm", "rsi-base-build"), ("buildpack-deps:noble", "rsi-base-noble-build"),
+    ("ghcr.io/laude-institute/t-bench/python-3-13:20250620", "rsi-base-trixie"),
+    ("ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624", "rsi-base-noble"),
+    ("ghcr.io/laude-institute/t-bench/deveval:latest", "rsi-base"),
+])
+def test_upstream_images_map_to_the_matching_family(ref, family):
+  """Each upstream image meets the family image of its release / Python version (built: used); a family image
+  that is not built falls back to the base image, and the run start names the command that builds it."""
+  from rsi_jax.env.tasks import family_spec, resolve_base_image
+  m = effective_image_map({}, "rsi-base")
+  assert resolve_base_image(ref, m, lambda n: n in (family, "rsi-base")) == family
+  assert resolve_base_image(ref, m, lambda n: n == "rsi-base") == "rsi-base"
+  assert resolve_base_image(ref, m, lambda n: False) == family  # nothing built: the build names the family image
+  assert family_spec(family).split("-")[0] in ("bookworm", "trixie", "jammy", "noble")
+
+
+def test_family_names_match_the_build_script():
+  """The names the map uses are the ones scripts/build_base_image.sh gives (SPEC -> image and back)."""
+  from rsi_jax.env.tasks import family_image, family_spec
+  script = (REPO / "scripts" / "build_base_image.sh").read_text()
+  specs = re.search(r'all_specs="([^"]+)"', script).group(1).split()
+  assert len(specs) == 8
+  for spec in specs:
+    suite, build = spec.removesuffix("-build"), spec.endswith("-build")
+    assert family_spec(family_image("rsi-base", suite, build)) == spec
+  assert family_image("rsi-base", "bookworm") == "rsi-base"
+  assert family_image("rsi-base", "noble", True) == "rsi-base-noble-build"
 
 
 @pytest.mark.parametrize("ref, short", [
@@ -143,18 +182,24 @@ def test_references_of_official_images_are_mapped(ref, short):
   assert canonical_image(ref) == short
   m = effective_image_map({}, "rsi-base")
   want = "rsi-base" if short.split(":")[0] in ("ubuntu", "debian", "python") or "laude" in ref else ref
-  assert resolve_base_image(ref, m, lambda n: False) == want
+  assert resolve_base_image(ref, m, lambda n: n == "rsi-base") == want
 
 
-def test_unsatisfied_base_images_are_named(tmp_path):
-  from rsi_jax.env.tasks import unsatisfied_base_images
+def test_base_image_problems_are_named(tmp_path):
+  from rsi_jax.env.tasks import base_image_problems
   d = _copy(tmp_path)
   (d / "environment" / "Dockerfile").write_text(
-      "FROM ubuntu AS b\nFROM b\nFROM ${BASE}\nFROM node:20\nFROM quay.io/x/y:1\n")
+      "FROM ubuntu AS b\nFROM b\nFROM ${BASE}\nFROM node:20\nFROM quay.io/x/y:1\nFROM debian:12\n")
   t = load_task(d)
-  assert unsatisfied_base_images([t], effective_image_map({}, "rsi-base"), lambda n: False) == {
-      t.name: ["node:20", "quay.io/x/y:1"]}
-  assert unsatisfied_base_images([t], effective_image_map({"*": "rsi-base"}, "rsi-base"), lambda n: False) == {}
+  lines = base_image_problems([t], effective_image_map({}, "rsi-base"), lambda n: n == "rsi-base")[t.name]
+  assert lines == [
+      "base image ubuntu maps to rsi-base-noble, which is not built (bash scripts/build_base_image.sh noble); "
+      "using rsi-base",
+      "base image node:20 is neither present nor mapped by env.image_map: its build will fail",
+      "base image quay.io/x/y:1 is neither present nor mapped by env.image_map: its build will fail"]
+  built = {"rsi-base", "rsi-base-noble", "node:20"}
+  assert base_image_problems([t], effective_image_map({"quay.io/*": "rsi-base"}, "rsi-base"),
+                             lambda n: n in built) == {}
 
 
 def test_configured_map_wins_over_defaults():
@@ -162,4 +207,4 @@ def test_configured_map_wins_over_defaults():
   new, _ = rewrite_dockerfile("FROM ubuntu:22.04\n", m, lambda n: False)
   assert new == "FROM other-base\n"
   new, _ = rewrite_dockerfile("FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624\n", m, lambda n: False)
-  assert new == "FROM rsi-base\n"
+  assert new == "FROM rsi-base-noble\n"
