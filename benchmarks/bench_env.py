@@ -46,23 +46,25 @@ def bench_start(client, run_id, n):
   return starts, firsts, cmds
 
 
-def bench_builds(client, tasks, image_map):
+def bench_builds(client, tasks, settings):
   """Per task family (its first task): a fresh build (its image and the layers only it uses removed first)
-  and a cached one (the image is there: the content-hash tag is found)."""
+  and a cached one (the image is there: the content-hash tag is found). Builds as the run does: with
+  ``settings.build_network`` (then also fetching what the verifier fetches at test time)."""
   from rsi_jax.env.sandbox import build_task_image, task_image_tag
   rows = []
+  net, ca = settings.build_network, settings.build_ca_bundle if settings.build_network != "none" else None
   for fam in sorted({t.family for t in tasks}):
     t = next(x for x in tasks if x.family == fam)
-    tag, _, _ = task_image_tag(client, t, image_map)
+    tag, _, _ = task_image_tag(client, t, settings.image_map, ca, verifier_deps=net != "none")
     try:
       client.images.remove(tag)
     except Exception:  # noqa: BLE001 - not built yet
       pass
     t0 = time.perf_counter()
-    build_task_image(client, t, image_map)
+    build_task_image(client, t, settings.image_map, network=net, ca_bundle=ca)
     fresh = time.perf_counter() - t0
     t0 = time.perf_counter()
-    build_task_image(client, t, image_map)
+    build_task_image(client, t, settings.image_map, network=net, ca_bundle=ca)
     rows.append((fam, t.name, fresh, time.perf_counter() - t0))
   return rows
 
@@ -97,7 +99,7 @@ def main():
     print(f"command latency (echo):        median {statistics.median(cmds) * 1e3:.0f} ms, "
           f"p90 {_pct(cmds, 0.9) * 1e3:.0f} ms over {len(cmds)}")
 
-    for fam, name, fresh, cached in bench_builds(client, tasks, settings.image_map):
+    for fam, name, fresh, cached in bench_builds(client, tasks, settings):
       print(f"image build {fam:<18} ({name}): fresh {fresh:5.2f} s, cached {cached * 1e3:6.1f} ms, "
             f"ratio {fresh / cached:,.0f}x")
     with EnvPool(settings, concurrency=8, reap=False) as pool:  # image builds are not what is measured

@@ -40,7 +40,7 @@ build_one() {  # $1 = suite, $2 = minbase | build
   case "$suite" in
     bookworm) distro=debian; pyver=3.11 ;;
     trixie) distro=debian; pyver=3.13 ;;
-    jammy) distro=ubuntu; pyver=3.10 ;;
+    jammy) distro=ubuntu; pyver=3.10; extra="exceptiongroup==1.3.0 tomli==2.2.1 typing_extensions==4.15.0" ;;  # pytest on 3.10
     noble) distro=ubuntu; pyver=3.12 ;;
     *) log "ERROR: unknown suite '$suite' (bookworm, trixie, jammy, noble)"; return 2 ;;
   esac
@@ -48,6 +48,7 @@ build_one() {  # $1 = suite, $2 = minbase | build
   [ "$suite" = bookworm ] || name="$name-$suite"
   [ "$variant" = minbase ] || { name="$name-build"; pkgs="$pkgs,$build_packages"; }
   if [ "$distro" = debian ]; then mirror=$debian_mirror; components=main; else mirror=$ubuntu_mirror; components=main,universe; fi
+  local wheels="$wheels${extra:+ $extra}"
   local recipe="suite=$suite variant=$variant packages=$pkgs wheels=$wheels recipe=$recipe_version"
   local tag
   tag=$(printf '%s' "$recipe" | sha256sum | cut -c1-12)

@@ -133,8 +133,6 @@ def test_build_ca_bundle_reaches_every_build_stage(tmp_path):
 def test_build_reaches_the_package_registry(tmp_path, docker_client, settings):
   """A Dockerfile that pip-installs at build time builds with env.build_network=host through the host's CA
   bundle (behind a TLS-inspecting proxy the build fails without it)."""
-  import dataclasses
-
   from rsi_jax.env.sandbox import build_task_image, host_ca_bundle
   d = _copy(tmp_path)
   (d / "environment" / "Dockerfile").write_text(
