@@ -345,8 +345,11 @@ class RSRConfig:
   """The RSR funnel (paper §2.1, App. D; :mod:`rsi_jax.rsr`)."""
   harnesses: tuple = ("json", "xml")  # H: the harnesses discovery runs every task under
   discovery_attempts: int = 1  # discovery episodes per task and harness
-  num_runbooks: int = 4  # K: runbooks planned per verified discovery
+  # K: runbooks planned per verified discovery; 0 = the runbook stage off (verified self-imitation: the
+  # discovery episodes that verify and pass the leakage screen are Q_clean themselves; labelled as such)
+  num_runbooks: int = 4
   num_repeats: int = 4  # M: fresh executions per accepted runbook
+  families: tuple = ()  # task families (category) of the pool the funnel runs on; () = every task
   target_harness: str = "json"  # H0: fresh execution and the stored SFT trajectories
   policy: str = "actor"  # actor | scripted (a test double that knows the reference solutions: smoke runs, tests)
   judge: bool = False  # also ask the actor to review runbooks the rules accept (it can only reject)
@@ -361,9 +364,11 @@ class RSRConfig:
     _check(len(self.harnesses) > 0 and all(h in known for h in self.harnesses)
            and len(set(self.harnesses)) == len(self.harnesses), f"{p}.harnesses",
            f"must list distinct harnesses of {list(known)}, got {list(self.harnesses)}")
-    for k in ("discovery_attempts", "num_runbooks", "num_repeats", "runbook_max_tokens",
-              "transcript_output_chars"):
+    for k in ("discovery_attempts", "num_repeats", "runbook_max_tokens", "transcript_output_chars"):
       _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    _check(self.num_runbooks >= 0, f"{p}.num_runbooks", f"must be >= 0 (0: runbook stage off), got {self.num_runbooks}")
+    _check(all(isinstance(f, str) and f for f in self.families), f"{p}.families",
+           f"must list task families (names), got {list(self.families)}")
     _check(self.target_harness in known, f"{p}.target_harness", f"must be json/xml, got {self.target_harness!r}")
     _check(self.policy in ("actor", "scripted"), f"{p}.policy", f"must be actor/scripted, got {self.policy!r}")
 

@@ -212,9 +212,12 @@ def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0) -> VerifierRun:
   collected = {t: o for s in sessions for t, o in (s.get("outcomes") or {}).items()}
   ids = [t for s in sessions for t in s.get("collected") or []]
   if task.layout == LAYOUT_TB1 and ctrf is None and not problem:
-    # parser_name: pytest — the counts of the verifier's own collection; S needs every test passed
-    ctrf = {"results": {"tool": {"name": "pytest"}, "summary": {}, "tests": [
-        {"name": t, "status": collected.get(t, "failed")} for t in ids]}}
+    # parser_name: pytest — the counts of the verifier's own collection; S needs every test passed. A script
+    # that runs no pytest at all (a gradle or cargo run that prints a pytest-style summary, as TB1's
+    # adapters do) is read the way TB1's parser reads it (pytest_summary): the guard cannot vouch for it.
+    tests = ([{"name": t, "status": collected.get(t, "failed")} for t in ids] if sessions
+             else pytest_summary(res.output))
+    ctrf = {"results": {"tool": {"name": "pytest"}, "summary": {}, "tests": tests}}
   out = verification_outcome(ctrf=ctrf, reward_text=reward, exit_code=res.exit_code,
                              hygiene_patterns=hygiene_patterns)
   if not problem and ctrf is not None and sessions and out.report is not None and out.report.valid:
@@ -223,13 +226,34 @@ def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0) -> VerifierRun:
   r = out.terminal_reward
   if not problem and r is not None and not 0.0 <= r <= 1.0:
     problem = f"reward {r:g} outside [0, 1]"
-  if not problem and task.layout == LAYOUT_TB1 and out.success == 1 and sessions and \
-      (out.total == 0 or out.passed < out.total):
+  if not problem and task.layout == LAYOUT_TB1 and out.success == 1 and (out.total == 0 or out.passed < out.total):
     problem = f"parser pytest: {out.passed} of {out.total} tests passed"
   if problem:
     log.warning("%s: verification rejected: %s", task.name, problem)
     out = dataclasses.replace(out, state=VerificationState.INVALID_REPORT, success=0, reason=problem)
   return VerifierRun(out, res.output, res.exit_code, time.time() - t0)
+
+
+_SHORT_SUMMARY = re.compile(r"=+\s*short test summary info\s*=+", re.IGNORECASE)
+_PASSING, _FAILING = ("PASSED", "XFAIL", "SKIPPED"), ("FAILED", "ERROR", "XPASS")
+
+
+def pytest_summary(output: str) -> list[dict]:
+  """TB1's pytest parser on a script's output: the ``STATUS name`` lines after pytest's "short test summary
+  info" header (``-rA``), a test's last line winning; PASSED, XFAIL and SKIPPED pass, FAILED, ERROR and
+  XPASS fail. [] without that header."""
+  parts = _SHORT_SUMMARY.split(output, maxsplit=1)
+  tests: dict[str, str] = {}
+  for line in parts[1].splitlines() if len(parts) == 2 else []:
+    if line.startswith("FAILED"):
+      line = line.split(" - ")[0]
+    words = line.split(maxsplit=1)
+    status = words[0].strip().strip(":") if words else ""
+    if len(words) == 2 and status in _PASSING + _FAILING:
+      name = words[1].strip().split("::", 1)[-1]
+      if name:
+        tests[name] = "passed" if status in _PASSING else "failed"
+  return [{"name": k, "status": v} for k, v in tests.items()]
 
 
 def _guard_sessions(sandbox) -> list[dict]:

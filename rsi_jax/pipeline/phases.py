@@ -183,15 +183,20 @@ class RSRPhase(Phase):
     from rsi_jax.rsr.funnel import policy_factory, run_funnel
     from rsi_jax.rsr.scripted import LABEL, ScriptedRSRPolicy
     cfg, ctx = self.cfg, self.ctx
+    tasks = [t for t in ctx.tasks if not cfg.rsr.families or t.family in cfg.rsr.families]
+    unknown = sorted(set(cfg.rsr.families) - {t.family for t in ctx.tasks})
+    if unknown:
+      raise InvariantError(f"{self.name}: rsr.families names {unknown}, which no task of the pool has (its "
+                           f"families: {sorted({t.family for t in ctx.tasks})})")
     if cfg.rsr.policy == "scripted":
-      scripted = ScriptedRSRPolicy(ctx.tokenizer, ctx.tasks)
+      scripted = ScriptedRSRPolicy(ctx.tokenizer, tasks)
       policy_for, label = (lambda tag: scripted), LABEL
     else:
       ctx.serve(actor_params)
       policy_for = policy_factory(ctx.sampler, derive_seed(cfg.run.seed, "rsr", self.name),
                                   cfg.rollout.deterministic)
       label = "the actor"
-    return run_funnel(cfg, ctx.tasks, ctx.pool, ctx.renderer, policy_for, label=label, workdir=self.workdir,
+    return run_funnel(cfg, tasks, ctx.pool, ctx.renderer, policy_for, label=label, workdir=self.workdir,
                       input_digest=self.input_digest)
 
   def describe(self):

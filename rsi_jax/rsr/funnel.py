@@ -137,6 +137,8 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
       counts.add("discovered", t.family, h)
       discovered.append((t, h, res))
   log(f"discovery: {len(discovered)} verified of {len(jobs)} episodes")
+  if r.num_runbooks == 0:  # the runbook stage off: verified self-imitation
+    return _self_imitation(cfg, tasks, discovered, counts, label, workdir, input_digest, log)
 
   # 2-3. planning from C(τ), then the review gate
   judge = ModelJudge(policy_for(("judge",)), renderer, judge_t, dataclasses.replace(
@@ -217,17 +219,46 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
     executions.append(row)
   log(f"execution: {len(records)} accepted of {len(ex_jobs)} runs")
 
+  return _finish(cfg, tasks, counts, label, input_digest, {"plan": plan_t, "exec": exec_t, "judge": judge_t},
+                 workdir, episodes, records, runbooks, executions)
+
+
+def _self_imitation(cfg, tasks, discovered, counts, label, workdir, input_digest, log) -> FunnelResult:
+  """``rsr.num_runbooks: 0``: no planning, review or fresh execution; each verified discovery episode that
+  passes the leakage screen is a Q_clean item as it was generated (its prompt is the public one already)."""
+  episodes, records, executions = [], [], []
+  for t, h, res in discovered:
+    screen = screen_trajectory(t, res)
+    executions.append({"task": t.name, "harness": h, "episode_id": res.episode_id, "success": res.success,
+                       "leakage": list(screen.reasons)})
+    if not screen.accepted:
+      for reason in screen.reasons:
+        counts.add(f"rejected:screen:{reason}", t.family, h)
+      continue
+    counts.add("leak_screened", t.family, h)
+    counts.add("accepted", t.family, h)
+    episodes.append(episode_samples(res.segments, len(episodes)))
+    records.append({"task": t.name, "family": t.family, "harness": h, "runbook": None, "repeat": 0,
+                    "episode_id": res.episode_id})
+  log(f"self-imitation (runbook stage off): {len(records)} accepted of {len(discovered)} verified discoveries")
+  return _finish(cfg, tasks, counts, f"{label}, runbook stage off (verified self-imitation)", input_digest, {},
+                 workdir, episodes, records, [], executions)
+
+
+def _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episodes, records, runbooks,
+            executions) -> FunnelResult:
+  r = cfg.rsr
   manifest = {
       "policy": label, "tasks": len(tasks), "input_actor_digest": input_digest,
       "settings": {"harnesses": list(r.harnesses), "target_harness": r.target_harness,
                    "discovery_attempts": r.discovery_attempts, "num_runbooks": r.num_runbooks,
-                   "num_repeats": r.num_repeats, "judge": bool(r.judge)},
+                   "num_repeats": r.num_repeats, "judge": bool(r.judge), "families": list(r.families)},
       "templates": {k: {"path": t.path, "version": t.version, "digest": t.digest}
-                    for k, t in (("plan", plan_t), ("exec", exec_t), ("judge", judge_t)) if t is not None},
+                    for k, t in templates.items() if t is not None},
       "stages": counts.table(counts.total),
       "by_family": {k: counts.table(v) for k, v in sorted(counts.family.items())},
       "by_harness": {k: counts.table(v) for k, v in sorted(counts.harness.items())},
-      "empty_reason": None if records else _empty_reason(counts.total),
+      "empty_reason": None if records else _empty_reason(counts.total, self_imitation=r.num_runbooks == 0),
   }
   if workdir is not None:
     d = epath.Path(workdir)
@@ -240,12 +271,15 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
   return FunnelResult(episodes, records, manifest)
 
 
-def _empty_reason(c: collections.Counter) -> str:
-  for stage, prev, what in (("discovered", "attempted", "no discovery episode verified"),
-                            ("planned", "discovered", "no runbook was sampled"),
-                            ("reviewed", "planned", "no runbook passed review"),
-                            ("verified", "executed", "no fresh execution verified"),
-                            ("leak_screened", "verified", "every verified execution failed the leakage screen")):
+def _empty_reason(c: collections.Counter, self_imitation: bool = False) -> str:
+  stages = (("discovered", "attempted", "no discovery episode verified"),
+            ("planned", "discovered", "no runbook was sampled"),
+            ("reviewed", "planned", "no runbook passed review"),
+            ("verified", "executed", "no fresh execution verified"),
+            ("leak_screened", "verified", "every verified execution failed the leakage screen"))
+  if self_imitation:
+    stages = (stages[0], ("leak_screened", "discovered", "every verified discovery failed the leakage screen"))
+  for stage, prev, what in stages:
     if not c.get(stage):
       return f"{what} ({c.get(prev, 0)} {prev})"
   return "nothing accepted"

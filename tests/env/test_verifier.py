@@ -10,7 +10,7 @@ import pytest
 from rsi_jax.env.harness import JsonHarness, OracleHarness, ScriptedPolicy
 from rsi_jax.env.pool import run_episode
 from rsi_jax.env.sandbox import VERIFIER_TIMEOUT
-from rsi_jax.env.verifier import tampered_paths
+from rsi_jax.env.verifier import pytest_summary, tampered_paths
 from rsi_jax.policy import SamplingParams
 from rsi_jax.rl.ctrf import VerificationState
 
@@ -260,3 +260,33 @@ def test_upstream_verifier_fetches_offline_and_its_wheelhouse_is_protected(docke
   assert "/opt/rsi-verifier-wheels/pytest-8.4.1" in bad.error
   off = run_episode(task, honest, docker_client, dataclasses.replace(settings, build_network="none"))
   assert off.infra_failure and off.failure_kind == NEEDS_BUILD_NETWORK and "uv 0.7.13" in off.error
+
+
+def test_pytest_summary_reads_as_tb1_does():
+  out = ("collected 3 items\n...\n=========== short test summary info ============\nPASSED test_x.py::test_a\n"
+         "FAILED test_x.py::test_b - AssertionError: 1 != 2\nXFAIL test_x.py::test_c\nERROR test_x.py::test_d\n"
+         "noise line\nPASSED test_x.py::test_b\n")
+  assert pytest_summary(out) == [{"name": "test_a", "status": "passed"}, {"name": "test_b", "status": "passed"},
+                                 {"name": "test_c", "status": "passed"}, {"name": "test_d", "status": "failed"}]
+  assert pytest_summary("PASSED test_a\n") == []  # no summary header: nothing
+
+
+def test_tb1_script_without_pytest_is_read_from_its_summary(tmp_path, docker_client, settings, tokenizer, renderer):
+  """A TB1 script that runs no pytest (a build tool's test run, as TB1's polyglot adapter does) and prints a
+  pytest-style summary: S follows the summary, as TB1's parser reads it; nothing done -> FAILED -> S = 0."""
+  import shutil
+
+  from rsi_jax.env.tasks import load_task
+
+  from .conftest import FIXTURES
+  d = tmp_path / "tb1-summary"
+  shutil.copytree(FIXTURES / "tb1-word-sum", d)
+  (d / "run-tests.sh").write_text(
+      "#!/bin/bash\nset -uo pipefail\n[ \"$(cat /app/sum.txt 2>/dev/null)\" = 108 ]\nrc=$?\n"
+      "echo '=============== short test summary info ==============='\n"
+      "if [ $rc -eq 0 ]; then echo 'PASSED sum_check'; else echo 'FAILED sum_check'; fi\nexit $rc\n")
+  task = load_task(d)
+  ok = run_episode(task, OracleHarness(), docker_client, settings)
+  assert ok.success == 1 and (ok.outcome.passed, ok.outcome.total) == (1, 1), ok.verifier_output[-800:]
+  nothing = run_episode(task, agent(tokenizer, renderer, []), docker_client, settings)
+  assert nothing.success == 0 and (nothing.outcome.passed, nothing.outcome.total) == (0, 1)
