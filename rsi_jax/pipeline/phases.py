@@ -174,9 +174,9 @@ class RSRPhase(Phase):
       return
     b = self.cfg.rollout.global_batch
     self.num_steps = len(self.qclean.batches(0, self.cfg.pipeline.sft_epochs, b))
-    # one compiled shape for the whole phase: rows for the b trajectories with the most segments, columns
-    # for the longest segment
-    self.rows = _round_rows(sum(sorted((len(e) for e in self.samples), reverse=True)[:b]), self.ctx.mesh)
+    # one compiled shape for the whole phase: rows for the largest batch, columns for the longest segment
+    self.rows = _round_rows(sft_batch_rows([len(e) for e in self.samples], b, self.cfg.pipeline.sft_epochs),
+                            self.ctx.mesh)
     self.pad_to = max(len(s.ids) for e in self.samples for s in e)
 
   def _funnel(self, actor_params):
@@ -500,6 +500,13 @@ PHASES = {"rsr": RSRPhase, "critic_seed": CriticSeedPhase, "rpr": RPRPhase}
 def _mean(x) -> float | None:
   x = list(x) if not isinstance(x, np.ndarray) else x
   return float(np.mean(x)) if len(x) else None
+
+
+def sft_batch_rows(segments: list[int], batch: int, epochs: int) -> int:
+  """The most segment rows one SFT batch of ``batch`` Q_clean items can need (``segments[i]``: item i's
+  segment count): the ``batch`` largest, each item counted up to ``epochs`` times (a batch that spans passes
+  over a Q_clean smaller than the batch holds an item more than once)."""
+  return sum(sorted((n for n in segments for _ in range(epochs)), reverse=True)[:batch])
 
 
 def _round_rows(rows: int, mesh, minibatches: int = 1) -> int:

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The learning check: the real training program on CPU with real Docker (configs/learn_check.yml) on a generated
+# task suite (rsi_jax/env/learn_tasks.py): Base (a short SFT warm start, a stand-in for a pre-trained base) ->
+# RSR-1 (verified self-imitation) -> critic seed -> RPR-1 (PPO, FDR rewards, TB-GAE), held-out Mean@3 / pass@3
+# after each stage. Ends by printing the table (also <run>/learn_check.json) and the stage report with its
+# plots (<run>/eval/report/).
+#   bash scripts/learn_check.sh [SEED] [key=value ...]      (SEED default 0; overrides go to rsi_jax.train)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+seed=0
+if [ $# -gt 0 ] && [[ "$1" =~ ^[0-9]+$ ]]; then seed=$1; shift; fi
+py=$(bash scripts/setup.sh | tail -n 1)
+bash scripts/docker_up.sh
+bash scripts/build_base_image.sh bookworm
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+name="learn_check_s$seed"
+suite="runs/${name}_tasks"
+"$py" scripts/make_learn_tasks.py "$suite" --seed "$seed"
+start=$(date +%s)
+"$py" -m rsi_jax.train --config=configs/learn_check.yml "run.name=$name" "run.seed=$seed" \
+  "env.tasks_dir=$suite/train" "eval.tasks_dir=$suite/heldout" "$@"
+"$py" scripts/learn_check_table.py "runs/$name" --wall-seconds $(( $(date +%s) - start ))

@@ -1,0 +1,49 @@
+"""The learning check's table: held-out Mean@R / pass@R after each stage of a learn_check run.
+
+Usage: .venv/bin/python scripts/learn_check_table.py RUN_DIR [--wall-seconds S]
+Reads <RUN_DIR>/eval/<phase>/<last step>/summary.json; prints the table and writes <RUN_DIR>/learn_check.json.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rsi_jax.eval.report import run_stages
+
+LABELS = {"base": "init (random)", "rsr0": "Base (SFT warm start)", "rsr1": "RSR-1", "critic_seed": "critic seed",
+          "rpr1": "RPR-1"}
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("run_dir")
+  ap.add_argument("--wall-seconds", type=float, default=None)
+  a = ap.parse_args(argv)
+  run = Path(a.run_dir)
+  try:
+    stages = run_stages(run)
+  except FileNotFoundError as e:
+    print(f"learn_check_table: {e}", file=sys.stderr)
+    return 2
+  rows = []
+  for phase, path in stages:
+    s = json.loads((Path(path) / "summary.json").read_text())
+    rows.append({"stage": LABELS.get(phase, phase), "phase": phase, "step": Path(path).name,
+                 "mean_at_r": s["mean_at_r"], "pass_at_r": s["pass_at_r"], "runs": s["runs"],
+                 "n_tasks": s["n_tasks"], "infra_failures": s["infra_failures"]})
+  r = rows[0]["runs"] if rows else 0
+  print(f"held-out strict success ({rows[0]['n_tasks'] if rows else 0} tasks x {r}) -- {run}")
+  print(f"{'stage':<24}{'Mean@' + str(r):>10}{'pass@' + str(r):>10}{'infra':>7}")
+  fmt = lambda x: "n/a" if x is None else f"{x:.1f}"  # noqa: E731
+  for x in rows:
+    print(f"{x['stage']:<24}{fmt(x['mean_at_r']):>10}{fmt(x['pass_at_r']):>10}{x['infra_failures']:>7}")
+  if a.wall_seconds is not None:
+    print(f"wall time {a.wall_seconds / 60:.1f} min")
+  (run / "learn_check.json").write_text(json.dumps({"stages": rows, "wall_seconds": a.wall_seconds}, indent=1)
+                                        + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
