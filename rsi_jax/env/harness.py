@@ -387,7 +387,9 @@ class ScriptedPolicy:
 
 
 def oracle_commands(task: Task) -> str:
-  """The reference solution as one shell command (for a scripted policy replaying it)."""
+  """The reference solution as one shell command (for a scripted policy replaying it), without its ``#!``
+  line (a comment to the shell that runs the command; as a demonstration it is only noise)."""
   if task.solution is None:
     raise FileNotFoundError(f"{task.name}: no reference solution")
-  return Path(task.solution).read_text()
+  text = Path(task.solution).read_text()
+  return text.split("\n", 1)[1] if text.startswith("#!") and "\n" in text else text

@@ -1,5 +1,6 @@
 """A generated task family suite for the learning check (``scripts/learn_check.sh``): real Harbor-layout task
-folders from templates, each solved by one shell command, verified by its own pytest tests in the sandbox.
+folders from templates, each solved by one shell command, verified by its own pytest tests in the sandbox
+(one check per task, which an untouched container fails: no reward for doing nothing).
 
 Six templates (the task's family is the template's name), each with parameters drawn from small vocabularies
 of file names and words:
@@ -76,9 +77,7 @@ TEMPLATES = (
         lambda a, b: f"cp /app/data/{a}.txt /app/{b}.txt",
         lambda a, b: {f"data/{a}.txt": "\n".join(_lines(f"copy-{a}-{b}", 4)) + "\n"},
         lambda a, b: (f"def test_copy_is_identical():\n"
-                      f"  assert Path('/app/{b}.txt').read_bytes() == Path('/tests/data/{a}.txt').read_bytes()\n"
-                      f"\n\ndef test_original_is_kept():\n"
-                      f"  assert Path('/app/data/{a}.txt').read_bytes() == Path('/tests/data/{a}.txt').read_bytes()\n")),
+                      f"  assert Path('/app/{b}.txt').read_bytes() == Path('/tests/data/{a}.txt').read_bytes()\n")),
     Template(
         "make-dir", lambda: [p for p in itertools.permutations(NAMES, 2)],
         lambda a, b: f"Create the directory /app/{a}/{b}",

@@ -369,6 +369,13 @@ class Driver:
     out = self._eval_dir(phase, step)
     if (out / "summary.json").exists():
       return None
+    digest = params_digest(actor_params)
+    seen = getattr(self, "_evaluated", {})
+    if digest in seen:  # e.g. the critic seed's frozen actor: the same weights were just measured
+      self.console.line(f"[{phase}] eval after step {step} skipped: the actor is the one evaluated at "
+                        f"{seen[digest]} ({digest})")
+      return None
+    self._evaluated = {**seen, digest: f"{phase} step {step}"}
     if ctx.eval_suite is None:
       ctx.eval_suite = suite_tasks(cfg, cfg.eval.tasks_dir)
     tasks, strata = ctx.eval_suite
@@ -376,7 +383,7 @@ class Driver:
     suite = epath.Path(cfg.eval.tasks_dir).name
     rep = evaluate_policy(cfg, ctx.pool, tasks, ctx.sampler, ctx.renderer, strata=strata,
                           info={"suite": suite, "tasks_dir": cfg.eval.tasks_dir, "phase": phase, "step": step,
-                                "actor_digest": params_digest(actor_params)})
+                                "actor_digest": digest})
     out.mkdir(parents=True, exist_ok=True)
     rep.write(out)
     m = rep.metrics()
