@@ -118,6 +118,26 @@ def test_funnel_end_to_end_counts_what_happened(pool, tasks, tokenizer, renderer
 
 
 @pytest.mark.docker
+@pytest.mark.slow
+def test_runbook_stage_off_is_verified_self_imitation(pool, tasks, tokenizer, renderer, tmp_path):
+  """rsr.num_runbooks 0: no planning, review or fresh execution; the verified discovery episodes that pass
+  the leakage screen are Q_clean as generated (their ids and masks), and the manifest says so."""
+  cfg = load_config(CONFIG_DIR / "smoke.yml", ["rsr.num_runbooks=0", "rsr.harnesses=[json]"])
+  policy = LeakyScriptedPolicy(tokenizer, tasks, leaky_plan="", leaky_exec="")
+  res = run_funnel(cfg, tasks, pool, renderer, lambda tag: policy, label=LABEL, workdir=str(tmp_path))
+  st = res.manifest["stages"]
+  assert st["attempted"] == st["discovered"] == st["leak_screened"] == st["accepted"] == len(tasks) == 3
+  assert st["planned"] == st["executed"] == 0 and res.manifest["settings"]["num_runbooks"] == 0
+  assert res.manifest["policy"] == f"{LABEL}, runbook stage off (verified self-imitation)"
+  assert [r["runbook"] for r in res.records] == [None] * 3 and not (tmp_path / "runbooks.jsonl").read_text()
+  for eps in res.episodes:  # the public prompt, then the reference command the scripted policy gave
+    (s,) = eps
+    text = tokenizer.decode(s.ids[s.gen_mask.astype(bool)].tolist())
+    assert text.startswith('{"command": ') and GUIDANCE_MARK not in tokenizer.decode(s.ids.tolist())
+    assert not s.gen_mask[:50].any()
+
+
+@pytest.mark.docker
 def test_projection_keeps_sampled_ids_and_masks_exactly(pool, tasks, tokenizer, renderer):
   """A guided execution with a summary (two segments): 𝒫 swaps each segment's private prompt for the public
   one and leaves every sampled id, mask entry, logprob and observation after it as it was."""
