@@ -206,9 +206,12 @@ def test_defaults_cpu_run_fits_the_machine():
 
 
 def test_shipped_configs_pass_preflight(tmp_path):
+  from rsi_jax.env.learn_tasks import make_suite
   shutil.copytree(CONFIG_DIR, tmp_path / "configs")
+  suite = make_suite(tmp_path / "learn", train_per_template=1, heldout_per_template=1)  # what learn_check.sh writes
+  extra = {"learn_check.yml": [f"env.tasks_dir={suite['train']}", f"eval.tasks_dir={suite['heldout']}"]}
   for f in sorted(CONFIG_DIR.glob("*.yml")):
-    cfg = load_config(f, [f"run.output_dir={tmp_path}"])
+    cfg = load_config(f, [f"run.output_dir={tmp_path}", *extra.get(f.name, [])])
     assert preflight(cfg, num_devices=4)
 
 
