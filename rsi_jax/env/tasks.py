@@ -403,13 +403,10 @@ def resolve_base_image(image: str, image_map: Mapping[str, str],
   fails naming it; :func:`base_image_problems` warns before that)."""
   if is_local(image):
     return image
-  short = canonical_image(image)
-  for pattern, target in image_map.items():
-    if fnmatch.fnmatchcase(image, pattern) or fnmatch.fnmatchcase(short, pattern):
-      if isinstance(target, tuple):  # (family image, fallback): the family image unless it is not built
-        return target[0] if is_local(target[0]) or not is_local(target[1]) else target[1]
-      return target
-  return image
+  target = _mapped(image, image_map)
+  if isinstance(target, tuple):  # (family image, fallback): the family image unless it is not built
+    return target[0] if is_local(target[0]) or not is_local(target[1]) else target[1]
+  return image if target is None else target
 
 
 def base_image_problems(tasks, image_map: Mapping[str, str], is_local: Callable[[str], bool]) -> dict:

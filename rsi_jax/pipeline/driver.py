@@ -310,6 +310,7 @@ class Driver:
     self.on_step = on_step  # test hook: called after each step is logged and checkpointed
     self.run_dir = run_dir_of(cfg)
     self.ckpt_root = checkpoint_root(cfg)
+    self._evaluated: dict[str, str] = {}  # actor digest -> the evaluation that measured it
 
   # -------------------------------------------------------------------------------------------- run
 
@@ -370,12 +371,11 @@ class Driver:
     if (out / "summary.json").exists():
       return None
     digest = params_digest(actor_params)
-    seen = getattr(self, "_evaluated", {})
-    if digest in seen:  # e.g. the critic seed's frozen actor: the same weights were just measured
+    if digest in self._evaluated:  # e.g. the critic seed's frozen actor: the same weights were just measured
       self.console.line(f"[{phase}] eval after step {step} skipped: the actor is the one evaluated at "
-                        f"{seen[digest]} ({digest})")
+                        f"{self._evaluated[digest]} ({digest})")
       return None
-    self._evaluated = {**seen, digest: f"{phase} step {step}"}
+    self._evaluated[digest] = f"{phase} step {step}"
     if ctx.eval_suite is None:
       ctx.eval_suite = suite_tasks(cfg, cfg.eval.tasks_dir)
     tasks, strata = ctx.eval_suite
