@@ -23,6 +23,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from flax.linen import partitioning as nn_partitioning
 from jax.sharding import Mesh, NamedSharding
@@ -229,40 +230,39 @@ class Actor(Backbone):
     return self._maxtext_logits(params, tokens, positions, segment_ids)
 
   # -- log-probabilities
-  def _token_logprobs_impl(self, params, tokens, positions, segment_ids, chunk=None):
+  def _token_logprobs_impl(self, params, tokens, positions, segment_ids, chunk=None, index=None):
     h = self.final_hidden(params, tokens, positions, segment_ids)
-    return chunked_token_logprobs(h, self.head_weight(params), tokens, segment_ids,
-                                  chunk or self.default_chunk, self._project)
+    w = self.head_weight(params)
+    if index is None:
+      return chunked_token_logprobs(h, w, tokens, segment_ids, chunk or self.default_chunk, self._project)
+    return gathered_token_logprobs(h, w, tokens, segment_ids, index, chunk or self.default_chunk, self._project)
 
-  def token_logprobs(self, params, tokens, positions, segment_ids, chunk: int | None = None) -> jax.Array:
+  def token_logprobs(self, params, tokens, positions, segment_ids, chunk: int | None = None,
+                     index=None) -> jax.Array:
     """(B, T) float32: entry t = log π(tokens[t] | tokens[<t]) within its segment.
 
     0 where no such prediction exists: t = 0, the first token of each segment, and padding (segment 0).
     Computed ``chunk`` positions at a time (default ``rl.logprob_chunk``); each chunk's logits are
-    recomputed in the backward pass instead of stored."""
-    return self._logprobs(params, tokens, positions, segment_ids, chunk=chunk)
+    recomputed in the backward pass instead of stored. ``index`` (B, K) int (:func:`target_index`): only
+    those positions are computed (the LM head runs on K rows per sequence instead of T), every other entry
+    is 0 -- for losses that read only the generated tokens."""
+    return self._logprobs(params, tokens, positions, segment_ids, chunk=chunk, index=index)
 
   def token_logprobs_fn(self, chunk: int | None = None):
-    """The un-jitted pure function (params, tokens, positions, segment_ids) -> (B, T), for train steps."""
+    """The un-jitted pure function (params, tokens, positions, segment_ids, index=None) -> (B, T), for
+    train steps."""
     return functools.partial(self._token_logprobs_impl, chunk=chunk)
 
 
-def chunked_token_logprobs(h, w, tokens, segment_ids, chunk: int, project) -> jax.Array:
-  """log softmax(h[:, t-1] @ w)[tokens[:, t]] for t >= 1, in float32, ``chunk`` positions at a time.
-
-  Args: h (B, T, E) final-normed hidden; w (E, V) LM head; tokens, segment_ids (B, T) int.
-  Returns (B, T) float32, 0 where :func:`_valid_targets` is False."""
-  b, t, e = h.shape
-  n = t - 1
-  if n <= 0:
-    return jnp.zeros((b, t), jnp.float32)
+def _rows_logprobs(hs, ys, w, chunk: int, project) -> jax.Array:
+  """log softmax(hs[:, n] @ w)[ys[:, n]] for hs (B, N, E), ys (B, N): float32 (B, N), ``chunk`` rows of
+  logits at a time."""
+  b, n, e = hs.shape
   chunk = max(1, min(chunk, n))
   n_chunks = -(-n // chunk)
   pad = n_chunks * chunk - n
-  hs = jnp.pad(h[:, :-1], ((0, 0), (0, pad), (0, 0)))
-  ys = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
-  hs = hs.reshape(b, n_chunks, chunk, e).swapaxes(0, 1)  # (C, B, chunk, E)
-  ys = ys.reshape(b, n_chunks, chunk).swapaxes(0, 1)
+  hs = jnp.pad(hs, ((0, 0), (0, pad), (0, 0))).reshape(b, n_chunks, chunk, e).swapaxes(0, 1)  # (C, B, c, E)
+  ys = jnp.pad(ys, ((0, 0), (0, pad))).reshape(b, n_chunks, chunk).swapaxes(0, 1)
 
   @jax.checkpoint  # keep only (B, chunk) per chunk for the backward pass, never (B, chunk, V)
   def one(args):
@@ -273,9 +273,48 @@ def chunked_token_logprobs(h, w, tokens, segment_ids, chunk: int, project) -> ja
     return picked - lse
 
   lp = jax.lax.map(one, (hs, ys)) if n_chunks > 1 else one((hs[0], ys[0]))[None]
-  lp = lp.swapaxes(0, 1).reshape(b, n_chunks * chunk)[:, :n]
-  lp = jnp.pad(lp, ((0, 0), (1, 0)))
+  return lp.swapaxes(0, 1).reshape(b, n_chunks * chunk)[:, :n]
+
+
+def chunked_token_logprobs(h, w, tokens, segment_ids, chunk: int, project) -> jax.Array:
+  """log softmax(h[:, t-1] @ w)[tokens[:, t]] for t >= 1, in float32, ``chunk`` positions at a time.
+
+  Args: h (B, T, E) final-normed hidden; w (E, V) LM head; tokens, segment_ids (B, T) int.
+  Returns (B, T) float32, 0 where :func:`_valid_targets` is False."""
+  b, t, _ = h.shape
+  if t <= 1:
+    return jnp.zeros((b, t), jnp.float32)
+  lp = jnp.pad(_rows_logprobs(h[:, :-1], tokens[:, 1:], w, chunk, project), ((0, 0), (1, 0)))
   return jnp.where(_valid_targets(segment_ids), lp, 0.0)
+
+
+def gathered_token_logprobs(h, w, tokens, segment_ids, index, chunk: int, project) -> jax.Array:
+  """:func:`chunked_token_logprobs` at the positions ``index`` (B, K) only (entries < 1 are padding): the
+  LM head runs on K rows per sequence. Returns (B, T) float32, 0 at every other position; equal to the full
+  computation at the indexed positions."""
+  b, t, _ = h.shape
+  if t <= 1:
+    return jnp.zeros((b, t), jnp.float32)
+  at = jnp.clip(index, 1, t - 1).astype(jnp.int32)
+  valid = (index >= 1) & jnp.take_along_axis(_valid_targets(segment_ids), at, axis=1)
+  hs = jnp.take_along_axis(h, (at - 1)[..., None], axis=1)  # (B, K, E): the state that predicts token at
+  lp = jnp.where(valid, _rows_logprobs(hs, jnp.take_along_axis(tokens, at, axis=1), w, chunk, project), 0.0)
+  return jnp.zeros((b, t), jnp.float32).at[jnp.arange(b)[:, None], at].add(lp)
+
+
+def target_index(mask: np.ndarray, minimum: int = 16) -> np.ndarray:
+  """(B, K) int32 for ``token_logprobs(..., index=)``: per row, the positions where ``mask`` (B, T) is set,
+  in order, padded with 0. K is the largest row count rounded up to a power of two (at least ``minimum``,
+  at most T), so a phase compiles a handful of shapes."""
+  mask = np.asarray(mask) > 0
+  b, t = mask.shape
+  k = max(int(mask.sum(1).max(initial=0)), 1)
+  k = min(max(minimum, 1 << (k - 1).bit_length()), t)
+  out = np.zeros((b, k), np.int32)
+  for i in range(b):
+    pos = np.flatnonzero(mask[i])
+    out[i, :len(pos)] = pos
+  return out
 
 
 def build_actor(cfg: Config, mesh: Mesh | None = None) -> Actor:

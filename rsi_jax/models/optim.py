@@ -136,12 +136,14 @@ def init_train_state(actor, optimizer, actor_params, critic=None, critic_optimiz
 
 def masked_nll_loss(actor, normalize: str = "per_sample"):
   """The RSR SFT loss (paper Eq. 3 via :func:`rsi_jax.rl.losses.sft_loss`; ``normalize`` as documented
-  there) as a train-step loss. Batch dict: tokens, positions, segment_ids, mask (generated decisions)."""
+  there) as a train-step loss. Batch dict: tokens, positions, segment_ids, mask (generated decisions), and
+  optionally loss_index (:func:`rsi_jax.models.actor.target_index` of the mask)."""
   from rsi_jax.rl.losses import sft_loss
   logprobs = actor.token_logprobs_fn()
 
   def loss_fn(actor_params, critic_params, batch):
-    lp = logprobs(actor_params, batch["tokens"], batch["positions"], batch["segment_ids"])
+    lp = logprobs(actor_params, batch["tokens"], batch["positions"], batch["segment_ids"],
+                  index=batch.get("loss_index"))  # with it, the LM head runs on the generated tokens only
     loss, m = sft_loss(lp, batch["mask"].astype(jnp.float32), normalize=normalize)
     return loss, {"nll_per_token": m["nll_per_token"]}
 

@@ -30,6 +30,7 @@ import numpy as np
 from etils import epath
 
 from rsi_jax.config import Config
+from rsi_jax.models.actor import target_index
 from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, make_train_step, masked_nll_loss
 from rsi_jax.pipeline.metrics import read_jsonl
 from rsi_jax.pipeline.rollouts import RolloutPolicy, TaskOrder, collect, derive_seed
@@ -240,6 +241,7 @@ class RSRPhase(Phase):
     t_pad = -(-self.pad_to // pad) * pad
     data = {k: _pad_cols(v, t_pad) for k, v in (("tokens", batch.tokens), ("positions", batch.positions),
                                                 ("segment_ids", batch.segment_ids), ("mask", batch.gen_mask))}
+    data["loss_index"] = target_index(data["mask"])  # the LM head runs on the generated tokens only
     train, _, aux = self._step(state.train, data)
     aux = jax.device_get(aux)
     tokens = int(batch.gen_mask.sum())

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rsi_jax.config import Config
+from rsi_jax.models.actor import target_index
 from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, make_train_step
 from rsi_jax.rl.advantages import TBGAECarry, TBGAEResult, tb_gae
 from rsi_jax.rl.batch import TrajectoryBatch
@@ -58,8 +59,10 @@ def linked_tb_gae(values, batch: dict, gamma_turn: float, lambda_turn: float, li
 
 
 def to_device_batch(batch: TrajectoryBatch) -> dict:
-  """The arrays the jitted steps read, as a dict (the sampler logprobs stay on the host)."""
-  return {k: jnp.asarray(getattr(batch, k)) for k in _DEVICE_FIELDS}
+  """The arrays the jitted steps read, as a dict (the sampler logprobs stay on the host), with
+  ``loss_index``: the generated positions, the only ones whose log-probabilities the losses read."""
+  return {**{k: jnp.asarray(getattr(batch, k)) for k in _DEVICE_FIELDS},
+          "loss_index": jnp.asarray(target_index(batch.gen_mask))}
 
 
 def chain_links(batch: TrajectoryBatch) -> int:
@@ -89,7 +92,7 @@ class RPRTrainer:
 
     def prepare(actor_params, critic_params, batch, links):
       args = (batch["tokens"], batch["positions"], batch["segment_ids"])
-      old_logp = logp_fn(actor_params, *args)
+      old_logp = logp_fn(actor_params, *args, index=batch["loss_index"])  # 0 off the generated tokens
       old_values = values_fn(critic_params, *args)
       res = linked_tb_gae(old_values, batch, rl.gamma_turn, rl.lambda_turn, links)
       # the critic's fit before this step's updates (explained variance of the values TB-GAE used)
@@ -109,7 +112,8 @@ class RPRTrainer:
       return loss, {f"value/{k}": x for k, x in m.items()}
 
     def joint_loss(actor_params, critic_params, batch):
-      logp = logp_fn(actor_params, batch["tokens"], batch["positions"], batch["segment_ids"])
+      logp = logp_fn(actor_params, batch["tokens"], batch["positions"], batch["segment_ids"],
+                     index=batch["loss_index"])
       l_pi, m_pi = ppo_policy_loss(logp, batch["old_logp"], batch["advantages"], batch["gen_mask"],
                                    clip_low=rl.clip_low, clip_high=rl.clip_high)
       l_v, m_v = value_part(critic_params, batch)

@@ -128,6 +128,48 @@ def test_chunked_gradient_equals_unchunked(built):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
 
 
+def test_target_index_lists_each_rows_positions_in_a_power_of_two_width():
+  from rsi_jax.models.actor import target_index
+  mask = np.zeros((3, 40), bool)
+  mask[0, [3, 4, 5, 30]] = True
+  mask[1, 10:27] = True  # 17 positions: width 32
+  idx = target_index(mask)
+  assert idx.shape == (3, 32) and idx.dtype == np.int32
+  assert list(idx[0, :5]) == [3, 4, 5, 30, 0] and list(idx[1, :17]) == list(range(10, 27))
+  assert not idx[2].any() and not idx[1, 17:].any()
+  assert target_index(mask[:1]).shape == (1, 16)  # at least 16
+  assert target_index(np.ones((2, 40))).shape == (2, 40)  # at most T
+
+
+def test_logprobs_at_loss_positions_equal_the_full_computation(built):
+  """index=: the LM head only at the listed positions; those entries (values and gradients of a loss that reads
+  only them) equal the full computation, every other entry is 0. Packed rows: a segment's first token (no
+  prediction within its segment) stays 0 even when listed."""
+  from rsi_jax.models.actor import target_index
+  _, _, actor, _, params = built
+  tokens, pos, segs = _batch(4)
+  segs = segs.copy()
+  segs[:, 14:] = 2  # two segments per row, the second starting at 14
+  pos = pos.copy()
+  pos[:, 14:] -= 14
+  segs[1, 20:] = 0  # a padded tail
+  rng = np.random.default_rng(5)
+  mask = rng.random((B, T)) < 0.3
+  mask[0, 14] = True  # a segment start: no prediction
+  mask[1, 21] = True  # padding: no prediction
+  idx = target_index(mask, minimum=4)
+  full = np.asarray(actor.token_logprobs(params, tokens, pos, segs))
+  at = np.asarray(actor.token_logprobs(params, tokens, pos, segs, chunk=3, index=idx))
+  np.testing.assert_allclose(at, np.where(mask, full, 0.0), rtol=1e-6, atol=1e-5)
+  assert at[0, 14] == 0 and at[1, 21] == 0 and np.count_nonzero(at) == np.count_nonzero(mask & (full != 0))
+  w = jnp.asarray(rng.normal(size=(B, T)) * mask, jnp.float32)
+  f = actor.token_logprobs_fn()
+  g_full = jax.jit(jax.grad(lambda p: (f(p, tokens, pos, segs) * w).sum()))(params)
+  g_at = jax.jit(jax.grad(lambda p: (f(p, tokens, pos, segs, index=idx) * w).sum()))(params)
+  for x, y in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_at)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)
+
+
 def test_padding_and_packing_never_leak(built):
   _, _, actor, critic, params = built
   cparams = critic.init_from_actor(params, jax.random.PRNGKey(3))

@@ -143,6 +143,7 @@ class SFTCheck:
     """SFT from the fresh weights; ``mask_shift``: the batch's gen_mask rolled by this many positions along
     time (0: the correct run). Returns (actor params, nll per generated token of every update)."""
     from rsi_jax.models import init_train_state
+    from rsi_jax.models.actor import target_index
     from rsi_jax.rl.batch import assemble_batch
     from rsi_jax.rsr.funnel import QClean
     cfg = self.cfg
@@ -160,7 +161,7 @@ class SFTCheck:
         assert not edge.any(), "the shift would wrap a generated token around the row"
         mask = np.roll(mask, mask_shift, axis=1)
       data = {"tokens": batch.tokens, "positions": batch.positions, "segment_ids": batch.segment_ids,
-              "mask": mask}
+              "mask": mask, "loss_index": target_index(mask)}  # as RSRPhase.step builds it
       state, _, aux = self.step(state, data)
       losses.append(float(aux["nll_per_token"]))
     assert int(state.step) == len(losses)
