@@ -36,6 +36,7 @@ from rsi_jax.pipeline.metrics import read_jsonl
 from rsi_jax.pipeline.rollouts import RolloutPolicy, TaskOrder, collect, derive_seed
 from rsi_jax.policy import SamplingParams
 from rsi_jax.rl.batch import Sample, assemble_batch, episode_samples, load_samples
+from rsi_jax.rl.outcome_table import outcome_row
 
 
 class InvariantError(RuntimeError):
@@ -296,10 +297,12 @@ class RolloutPhase(Phase):
 
   def _reward_table(self):
     """The phase's divisor table (App. B), frozen for the phase and stored in its folder (a resumed phase
-    reads it back): ``reward.divisor_table`` when set; else FDR divisors calibrated (Eq. 6, quantile
-    ``reward.calibration_quantile``) from the outcomes of the plan's earlier rollout phases (the critic
-    seed's, for RPR-1); else, for SPR, the previous RPR phase's table recalibrated from its outcomes; else
-    the fallback divisor for every family."""
+    reads it back): ``reward.divisor_table`` when set; else, for FDR, the table of the plan's latest earlier
+    rollout phase (the critic seed's, for RPR-1: the critic keeps the reward scale it was seeded on); else
+    FDR divisors calibrated (Eq. 6, quantile ``reward.calibration_quantile``) from the verifier reports of
+    the plan's earlier phases (RSR discovery episodes included: N is a property of a task's tests, not of who
+    attempted it); for SPR, the previous RPR phase's table recalibrated from its outcomes, or the FDR
+    calibration where there is none; else the fallback divisor for every family."""
     from rsi_jax.rl.divisors import (DivisorTable, calibrate_fdr_divisors, divisor_table_from_config,
                                      load_divisor_table, recalibrate_spr_divisors)
     from rsi_jax.rl.outcome_table import OutcomeTable
@@ -311,20 +314,26 @@ class RolloutPhase(Phase):
       table = divisor_table_from_config(r)
     else:
       rollout_dirs = [(n, k, epath.Path(d)) for n, k, d in self.earlier if k in ("critic_seed", "rpr")]
-      rows = lambda d: read_jsonl(d / "outcomes.jsonl")  # noqa: E731
+      rows = lambda d: read_jsonl(d / "outcomes.jsonl") if (d / "outcomes.jsonl").exists() else []  # noqa: E731
       prev_rpr = [(n, d) for n, k, d in rollout_dirs if k == "rpr" and (d / "divisor_table.json").exists()]
-      if r.kind == "spr" and prev_rpr:
+      prev_fdr = [(n, d) for n, _, d in rollout_dirs if (d / "divisor_table.json").exists()
+                  and load_divisor_table(str(d / "divisor_table.json")).kind == "fdr"]
+      if r.kind == "fdr" and prev_fdr:
+        table = load_divisor_table(str(prev_fdr[-1][1] / "divisor_table.json"))
+      elif r.kind == "spr" and prev_rpr:
         n, d = prev_rpr[-1]
         table = recalibrate_spr_divisors(load_divisor_table(str(d / "divisor_table.json")),
                                          OutcomeTable.from_rows(rows(d), str(d / "outcomes.jsonl")), r,
                                          source=f"recalibrated from {n}'s outcomes", phase=self.name)
       else:
-        history = OutcomeTable.from_rows([x for _, _, d in rollout_dirs for x in rows(d)], "earlier rollouts")
+        sources = [(n, epath.Path(d)) for n, k, d in self.earlier if k in ("rsr", "critic_seed", "rpr")]
+        sources = [(n, d) for n, d in sources if rows(d)]
+        history = OutcomeTable.from_rows([x for _, d in sources for x in rows(d)], "earlier episodes")
         if len(history):
           table = calibrate_fdr_divisors(history, quantile=r.calibration_quantile,
                                          fallback_divisor=r.fallback_divisor, phase=self.name,
-                                         source=f"calibrated from the rollouts of "
-                                                f"{', '.join(n for n, _, _ in rollout_dirs)}")
+                                         source=f"calibrated from the verifier reports of "
+                                                f"{', '.join(n for n, _ in sources)}")
           if r.kind == "spr":  # an SPR phase with no earlier RPR phase: the FDR calibration seeds it
             table = DivisorTable(table.families, table.fallback_divisor, "spr", self.name, table.source,
                                  table.created, table.digest, table.settings, table.notes)
@@ -402,11 +411,7 @@ class RolloutPhase(Phase):
                                     self.table)
     with self.outcomes.open("a") as f:  # for the reward tables of later phases (calibration, App. B)
       for e, rew in zip(eps, rewards):
-        o = e.outcome
-        f.write(json.dumps({"step": i + 1, "task": e.task, "family": e.family, "state": o.state.value,
-                            "success": int(o.success or 0), "valid": bool(o.report_valid),
-                            "passed": int(o.passed or 0), "total": int(o.total or 0), "turns": len(e.turns),
-                            "reward": float(rew)}) + "\n")
+        f.write(json.dumps(outcome_row(i + 1, e, rew)) + "\n")
     samples = [episode_samples(e.segments, j) for j, e in enumerate(eps)]
     # the staleness bound: an episode with a token sampled more than max_staleness updates ago is not trained
     oldest = [min([int(x.weight_versions[x.gen_mask].min()) for x in ss if x.gen_mask.any()], default=version)

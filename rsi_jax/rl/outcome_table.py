@@ -119,6 +119,19 @@ class OutcomeTable:
         f.write(json.dumps(r) + "\n")
 
 
+def outcome_row(step: int, episode, reward: float | None = None) -> dict:
+  """One row of a phase's ``outcomes.jsonl`` (what :meth:`OutcomeTable.from_rows` reads) for an
+  :class:`~rsi_jax.env.pool.EpisodeResult`: its verification state, S, P and N, turns, and the reward it was
+  trained with (RSR discovery trains on no reward: the row has none)."""
+  o = episode.outcome
+  row = {"step": int(step), "task": episode.task, "family": episode.family, "state": o.state.value,
+         "success": int(o.success or 0), "valid": bool(o.report_valid), "passed": int(o.passed or 0),
+         "total": int(o.total or 0), "turns": len(episode.turns)}
+  if reward is not None:
+    row["reward"] = float(reward)
+  return row
+
+
 def read_outcome_table(path: str | os.PathLike) -> OutcomeTable:
   """Read a trajectory table from ``.jsonl`` / ``.json`` (JSON lines or one JSON list) or ``.csv``."""
   path = Path(path)

@@ -24,6 +24,7 @@ from etils import epath
 from rsi_jax.env.harness import ChatHarness, Segment
 from rsi_jax.policy import FINISH_LENGTH, FINISH_REJECTED, SamplingParams
 from rsi_jax.rl.batch import Sample, episode_samples, save_samples
+from rsi_jax.rl.outcome_table import outcome_row
 from rsi_jax.rsr.control import strip_control
 from rsi_jax.rsr.review import ModelJudge, review, screen_trajectory
 from rsi_jax.rsr.runbook import load_template, parse_runbook
@@ -127,9 +128,10 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
   jobs = [(t, h, a) for t in tasks for h in r.harnesses for a in range(r.discovery_attempts)]
   futs = [pool.submit(t, make_harness(h, policy_for(("discover", t.name, h, a)), renderer, sampling,
                                       env_cfg=cfg.env)) for t, h, a in jobs]
-  discovered = []
+  discovered, outcomes = [], []
   for (t, h, _), f in zip(jobs, futs):
     res = f.result()
+    outcomes.append(outcome_row(0, res))  # the verifier's reports: FDR calibration of later rollout phases
     counts.add("attempted", t.family, h)
     if res.infra_failure:
       counts.add(f"infra:discovery:{res.failure_kind or 'unknown'}", t.family, h)
@@ -138,7 +140,7 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
       discovered.append((t, h, res))
   log(f"discovery: {len(discovered)} verified of {len(jobs)} episodes")
   if r.num_runbooks == 0:  # the runbook stage off: verified self-imitation
-    return _self_imitation(cfg, tasks, discovered, counts, label, workdir, input_digest, log)
+    return _self_imitation(cfg, tasks, discovered, counts, label, workdir, input_digest, log, outcomes)
 
   # 2-3. planning from C(τ), then the review gate
   judge = ModelJudge(policy_for(("judge",)), renderer, judge_t, dataclasses.replace(
@@ -220,10 +222,10 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
   log(f"execution: {len(records)} accepted of {len(ex_jobs)} runs")
 
   return _finish(cfg, tasks, counts, label, input_digest, {"plan": plan_t, "exec": exec_t, "judge": judge_t},
-                 workdir, episodes, records, runbooks, executions)
+                 workdir, episodes, records, runbooks, executions, outcomes)
 
 
-def _self_imitation(cfg, tasks, discovered, counts, label, workdir, input_digest, log) -> FunnelResult:
+def _self_imitation(cfg, tasks, discovered, counts, label, workdir, input_digest, log, outcomes) -> FunnelResult:
   """``rsr.num_runbooks: 0``: no planning, review or fresh execution; each verified discovery episode that
   passes the leakage screen is a Q_clean item as it was generated (its prompt is the public one already)."""
   episodes, records, executions = [], [], []
@@ -242,11 +244,11 @@ def _self_imitation(cfg, tasks, discovered, counts, label, workdir, input_digest
                     "episode_id": res.episode_id})
   log(f"self-imitation (runbook stage off): {len(records)} accepted of {len(discovered)} verified discoveries")
   return _finish(cfg, tasks, counts, f"{label}, runbook stage off (verified self-imitation)", input_digest, {},
-                 workdir, episodes, records, [], executions)
+                 workdir, episodes, records, [], executions, outcomes)
 
 
 def _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episodes, records, runbooks,
-            executions) -> FunnelResult:
+            executions, outcomes) -> FunnelResult:
   r = cfg.rsr
   manifest = {
       "policy": label, "tasks": len(tasks), "input_actor_digest": input_digest,
@@ -263,7 +265,8 @@ def _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episode
   if workdir is not None:
     d = epath.Path(workdir)
     d.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("runbooks.jsonl", runbooks), ("executions.jsonl", executions), ("q_clean.jsonl", records)):
+    for name, rows in (("runbooks.jsonl", runbooks), ("executions.jsonl", executions), ("q_clean.jsonl", records),
+                       ("outcomes.jsonl", outcomes)):
       (d / name).write_text("".join(json.dumps(x) + "\n" for x in rows))
     if episodes:
       save_samples(d / "q_clean.npz", episodes)

@@ -278,23 +278,27 @@ def test_warmup_is_critic_only_steps_single_updates(run):
     assert all(r["updates"] == 1 for r in rpr)  # rl.minibatches = ppo_epochs = 1: one update per step
 
 
-def test_reward_tables_calibrated_before_rpr1_and_recalibrated_before_rpr2(run):
+def test_reward_tables_calibrated_before_the_critic_seed_carried_to_rpr1_recalibrated_before_rpr2(run):
+  """FDR divisors come from RSR-1's discovery reports (Eq. 6) before the critic seed; RPR-1 keeps that table,
+  so the critic is seeded and trained on one reward scale; SPR recalibrates it before RPR-2."""
   import numpy as np
   from rsi_jax.rl.divisors import load_divisor_table
   cfg, _, run_dir = run
   lineage = {e["phase"]: e for e in _lineage(run_dir)}
+  t0 = load_divisor_table(run_dir / "phases" / "critic_seed" / "divisor_table.json")
   t1 = load_divisor_table(run_dir / "phases" / "rpr1" / "divisor_table.json")
   t2 = load_divisor_table(run_dir / "phases" / "rpr2" / "divisor_table.json")
-  assert lineage["rpr1"]["reward_table_digest"] == t1.digest and t1.kind == "fdr"
+  assert lineage["rpr1"]["reward_table_digest"] == t1.digest == t0.digest and t1.kind == "fdr"
   assert lineage["rpr2"]["reward_table_digest"] == t2.digest and t2.kind == "spr"
-  assert "critic_seed" in t1.source and t2.parent == t1.digest and "rpr1" in t2.source
-  seed = [r for r in _rows(run_dir / "phases" / "critic_seed" / "outcomes.jsonl") if r["valid"]]
-  assert seed
-  for fam in {r["family"] for r in seed}:  # Eq. 6: the 0.9 quantile of the family's check counts
-    totals = [r["total"] for r in seed if r["family"] == fam]
-    assert t1.divisor(fam) == pytest.approx(float(np.quantile(totals, cfg.reward.calibration_quantile)))
-  # the rewards RPR-1 logged are FDR under that table
-  rows = [r for r in _rows(run_dir / "phases" / "rpr1" / "outcomes.jsonl") if r["valid"]]
-  assert rows
-  for r in rows:
-    assert r["reward"] == pytest.approx(r["passed"] / t1.divisor(r["family"]), rel=1e-5)
+  assert "rsr1" in t0.source and t2.parent == t1.digest and "rpr1" in t2.source
+  found = [r for r in _rows(run_dir / "phases" / "rsr1" / "outcomes.jsonl") if r["valid"]]
+  assert found and t0.families
+  for fam in {r["family"] for r in found}:  # Eq. 6: the 0.9 quantile of the family's check counts
+    totals = [r["total"] for r in found if r["family"] == fam]
+    assert t0.divisor(fam) == pytest.approx(float(np.quantile(totals, cfg.reward.calibration_quantile)))
+  # the rewards the critic seed and RPR-1 logged are FDR under that one table
+  for phase in ("critic_seed", "rpr1"):
+    rows = [r for r in _rows(run_dir / "phases" / phase / "outcomes.jsonl") if r["valid"]]
+    assert rows
+    for r in rows:
+      assert r["reward"] == pytest.approx(r["passed"] / t1.divisor(r["family"]), rel=1e-5)
