@@ -1,6 +1,6 @@
 """Write the learning check's generated task suite (rsi_jax.env.learn_tasks): OUT/train, OUT/heldout.
 
-Usage: .venv/bin/python scripts/make_learn_tasks.py OUT [--seed 0] [--train 8] [--heldout 4] [--templates a,b]
+Usage: .venv/bin/python scripts/make_learn_tasks.py OUT [--seed 0] [--train 24] [--heldout 4] [--templates a,b]
 """
 
 import argparse
@@ -13,7 +13,7 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("out")
   ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--train", type=int, default=8, help="train tasks per template")
+  ap.add_argument("--train", type=int, default=24, help="train tasks per template")
   ap.add_argument("--heldout", type=int, default=4, help="held-out tasks per template")
   ap.add_argument("--templates", default="", help="comma-separated template names (default: all)")
   a = ap.parse_args(argv)

@@ -194,7 +194,7 @@ def split(seed: int, train_per_template: int, heldout_per_template: int,
   return out
 
 
-def make_suite(out_dir, *, seed: int = 0, train_per_template: int = 8, heldout_per_template: int = 4,
+def make_suite(out_dir, *, seed: int = 0, train_per_template: int = 24, heldout_per_template: int = 4,
                templates: Sequence[str] = (), base_image: str = "rsi-base") -> dict[str, Path]:
   """Write ``out_dir/train`` and ``out_dir/heldout`` (and ``out_dir/suite.json``: what was generated);
   returns {"train": path, "heldout": path}."""
