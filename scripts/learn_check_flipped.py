@@ -1,0 +1,53 @@
+"""The learning check's second broken variant, run by hand: RPR-1 with the PPO advantages sign-flipped.
+
+Usage: .venv/bin/python scripts/learn_check_flipped.py RUN_DIR [key=value ...]
+
+Starts RPR-1 again from RUN_DIR's critic-seed checkpoint (actor and critic: the weights the correct RPR-1
+started from), with RUN_DIR's config, in the run ``<name>_flipped``; the only change is in the code path:
+every advantage TB-GAE hands the PPO loss is negated (``rsi_jax.pipeline.rpr.linked_tb_gae`` wrapped), so the
+actor is pushed away from what earned reward. The in-training evaluation measures the starting weights
+(``base``, step 0: RSR-1 again) and the end of the phase; ``scripts/learn_check_table.py`` prints both.
+A correct learning path shows RPR-1 not improving (or falling) here.
+"""
+
+import sys
+from pathlib import Path
+
+
+def main(argv):
+  if not argv or argv[0].startswith("-"):
+    print(__doc__, file=sys.stderr)
+    return 2
+  run = Path(argv[0]).resolve()
+  seed_ckpt = run / "checkpoints" / "critic_seed"
+  if not seed_ckpt.is_dir():
+    print(f"learn_check_flipped: no critic-seed checkpoint in {run} (run scripts/learn_check.sh first)",
+          file=sys.stderr)
+    return 2
+  from rsi_jax.pipeline import rpr
+
+  correct = rpr.linked_tb_gae
+
+  def flipped(*a, **kw):  # the deliberate bug
+    res = correct(*a, **kw)
+    return res._replace(advantages=-res.advantages)
+
+  rpr.linked_tb_gae = flipped
+  import yaml
+
+  from rsi_jax.train import run_program
+  cfg = yaml.safe_load((run / "config.yml").read_text())  # the correct run's config, RPR-1's overrides only
+  pipe = cfg.setdefault("pipeline", {})
+  pipe["phase_overrides"] = {k: v for k, v in (pipe.get("phase_overrides") or {}).items() if k == "rpr1"}
+  name = f"{run.name}_flipped"
+  (run.parent / name).mkdir(parents=True, exist_ok=True)
+  config = run.parent / name / "flipped_config.yml"
+  config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+  overrides = [f"run.name={name}", f"run.output_dir={run.parent}", "pipeline.phases=[rpr1]",
+               f"pipeline.actor_from={{rpr1: {seed_ckpt}}}", f"pipeline.critic_from={{rpr1: {seed_ckpt}}}",
+               *argv[1:]]
+  return run_program(str(config), overrides)
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
