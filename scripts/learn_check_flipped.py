@@ -6,7 +6,7 @@ Starts RPR-1 again from RUN_DIR's critic-seed checkpoint (actor and critic: the 
 started from), with RUN_DIR's config, in the run ``<name>_flipped``; the only change is in the code path:
 every advantage TB-GAE hands the PPO loss is negated (``rsi_jax.pipeline.rpr.linked_tb_gae`` wrapped), so the
 actor is pushed away from what earned reward. The in-training evaluation measures the starting weights
-(``base``, step 0: RSR-1 again) and the end of the phase; ``scripts/learn_check_table.py`` prints both.
+(``base``, step 0: RSR-1 again) and the end of the phase; the table of both is printed at the end.
 A correct learning path shows RPR-1 not improving (or falling) here.
 """
 
@@ -46,7 +46,12 @@ def main(argv):
   overrides = [f"run.name={name}", f"run.output_dir={run.parent}", "pipeline.phases=[rpr1]",
                f"pipeline.actor_from={{rpr1: {seed_ckpt}}}", f"pipeline.critic_from={{rpr1: {seed_ckpt}}}",
                *argv[1:]]
-  return run_program(str(config), overrides)
+  rc = run_program(str(config), overrides)
+  if rc == 0:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import learn_check_table
+    rc = learn_check_table.main([str(run.parent / name), "--start-label", "RSR-1 (critic-seed checkpoint)"])
+  return rc
 
 
 if __name__ == "__main__":

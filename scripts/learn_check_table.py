@@ -1,6 +1,6 @@
 """The learning check's table: held-out Mean@R / pass@R after each stage of a learn_check run.
 
-Usage: .venv/bin/python scripts/learn_check_table.py RUN_DIR [--wall-seconds S]
+Usage: .venv/bin/python scripts/learn_check_table.py RUN_DIR [--wall-seconds S] [--start-label TEXT]
 Reads <RUN_DIR>/eval/<phase>/<last step>/summary.json; prints the table and writes <RUN_DIR>/learn_check.json.
 """
 
@@ -19,6 +19,8 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("run_dir")
   ap.add_argument("--wall-seconds", type=float, default=None)
+  ap.add_argument("--start-label", default=LABELS["base"],
+                  help="the stage name of the weights the run started from (default: %(default)s)")
   a = ap.parse_args(argv)
   run = Path(a.run_dir)
   try:
@@ -29,7 +31,7 @@ def main(argv=None):
   rows = []
   for phase, path in stages:
     s = json.loads((Path(path) / "summary.json").read_text())
-    rows.append({"stage": LABELS.get(phase, phase), "phase": phase, "step": Path(path).name,
+    rows.append({"stage": a.start_label if phase == "base" else LABELS.get(phase, phase), "phase": phase, "step": Path(path).name,
                  "mean_at_r": s["mean_at_r"], "pass_at_r": s["pass_at_r"], "runs": s["runs"],
                  "n_tasks": s["n_tasks"], "infra_failures": s["infra_failures"]})
   r = rows[0]["runs"] if rows else 0

@@ -30,10 +30,10 @@ uses AdamW at a constant 3e-3 with the project's other optimizer settings (b1 0.
 off norms and biases, global-norm clip 1.0). With 3 seeds (init and data order): 0.83-0.96 after 70 updates,
 0.83-1.0 after 84, 0.96-1.0 after 98, 1.0 each after 105 = 5 passes over the 168 training trajectories,
 8 per update. Higher rates (5e-3, 1e-2) were no faster; batches of 4 needed about as many trajectories.
-Cost: the LM head (64 x 151,936 at every position, its logits recomputed in the backward pass, and the
-log-softmax over them) is nearly all of a step (~0.8 CPU-seconds for 8 rows of 32 tokens), so rows are kept
-short: short instructions, no system prompt (a constant prefix that would quadruple every row and change
-nothing the check is about) and one padded length. The module takes ~2 minutes on 2 cores.
+Cost: the LM head (64 x 151,936, its logits recomputed in the backward pass, and the log-softmax over them)
+is nearly all of a step; like the RSR phase, the step computes it at the generated positions only
+(``loss_index``). Rows are kept short: short instructions, no system prompt (a constant prefix that changes
+nothing the check is about) and one padded length. The module takes ~1 minute on 2 cores.
 """
 
 from __future__ import annotations
