@@ -4,7 +4,8 @@ second broken variant (run by hand): every PPO advantage sign-flipped.
 Usage: .venv/bin/python scripts/learn_check_rpr.py RUN_DIR [--flip-advantages] [key=value ...]
 
 Starts RPR-1 from RUN_DIR's critic-seed checkpoint (actor and critic: the weights RUN_DIR's RPR-1 started
-from) with RUN_DIR's config, RPR-1's phase overrides and the command line's ``key=value`` overrides (e.g.
+from, and the divisor table the critic was seeded with) with RUN_DIR's config, RPR-1's phase overrides and
+the command line's ``key=value`` overrides (e.g.
 another ``pipeline.phase_overrides``), in the run ``<name>_rpr`` or, flipped, ``<name>_flipped``. Flipped,
 the one change is in the code path: every advantage TB-GAE hands the PPO loss is negated
 (``rsi_jax.pipeline.rpr.linked_tb_gae`` wrapped), so the actor is pushed away from what earned reward; a
@@ -50,7 +51,8 @@ def main(argv):
   config.write_text(yaml.safe_dump(cfg, sort_keys=False))
   overrides = [f"run.name={name}", f"run.output_dir={run.parent}", "pipeline.phases=[rpr1]",
                f"pipeline.actor_from={{rpr1: {seed_ckpt}}}", f"pipeline.critic_from={{rpr1: {seed_ckpt}}}",
-               *argv[1:]]
+               # the divisor table the critic was seeded with (what the run's RPR-1 carried)
+               f"reward.divisor_table={run / 'phases' / 'critic_seed' / 'divisor_table.json'}", *argv[1:]]
   rc = run_program(str(config), overrides)
   if rc == 0:
     sys.path.insert(0, str(Path(__file__).parent))
