@@ -36,10 +36,11 @@ def main(argv=None):
                  "n_tasks": s["n_tasks"], "infra_failures": s["infra_failures"]})
   r = rows[0]["runs"] if rows else 0
   print(f"held-out strict success ({rows[0]['n_tasks'] if rows else 0} tasks x {r}) -- {run}")
-  print(f"{'stage':<24}{'Mean@' + str(r):>10}{'pass@' + str(r):>10}{'infra':>7}")
+  w = max([24] + [len(x["stage"]) + 2 for x in rows])
+  print(f"{'stage':<{w}}{'Mean@' + str(r):>10}{'pass@' + str(r):>10}{'infra':>7}")
   fmt = lambda x: "n/a" if x is None else f"{x:.1f}"  # noqa: E731
   for x in rows:
-    print(f"{x['stage']:<24}{fmt(x['mean_at_r']):>10}{fmt(x['pass_at_r']):>10}{x['infra_failures']:>7}")
+    print(f"{x['stage']:<{w}}{fmt(x['mean_at_r']):>10}{fmt(x['pass_at_r']):>10}{x['infra_failures']:>7}")
   if a.wall_seconds is not None:
     print(f"wall time {a.wall_seconds / 60:.1f} min")
   (run / "learn_check.json").write_text(json.dumps({"stages": rows, "wall_seconds": a.wall_seconds}, indent=1)
