@@ -186,7 +186,9 @@ class RolloutConfig:
   top_p: float = 1.0
   top_k: int = 0  # 0 = off
   max_new_tokens: int = 8192  # per turn
-  max_input_tokens: int = 96000  # RESERVED (not yet in effect): chunked prefill; sampler.max_prefill_length rules
+  # longest prompt the sampler accepts (paper: 96,000); the engine bounds it too: sampler.max_cache_length - 1
+  # (paged) or sampler.max_prefill_length (slot / maxtext). Longer prompts get sampler.prompt_overflow
+  max_input_tokens: int = 96000
   responses_per_task: int = 1  # episodes per drawn task in a rollout step (consecutive request indices)
   # one-batch-ahead asynchrony (paper §3.1): the rollouts of step k+1 are collected while the learner trains
   # on step k; a sample whose tokens are more than this many actor updates old is not trained on.
@@ -260,18 +262,32 @@ class SamplerConfig:
   # longest prompt served whole: the shipped tasks' first prompts are 266-444 tokens and grow every turn
   max_prefill_length: int = 8192
   prefill_buckets: tuple = (512, 1024, 2048, 4096, 8192)
-  max_cache_length: int = 16384  # positions per slot, prompt included (decode_impl maxtext: max_prefill_length
-  # prompt entries + the rest for generated tokens)
+  # positions per sequence, prompt included (paged: a block table's span; slot: allocated per slot; maxtext:
+  # max_prefill_length prompt entries + the rest for generated tokens)
+  max_cache_length: int = 104_192
   swap_policy: str = "finish_on_old"  # finish_on_old | mark
   prompt_overflow: str = "reject"  # prompt > max_prefill_length: reject (finish "prompt_too_long") | error | truncate_left
   num_devices: int = 1  # devices of the sampling mesh (all on MaxText's tensor axis)
-  decode_impl: str = "slot"  # slot (per-slot KV cache, in place) | maxtext (MaxText's autoregressive mode)
+  # paged: a pool of KV blocks with per-sequence block tables, chunked prefill, prefix reuse
+  # (rsi_jax/sampler/paged.py); slot: a per-slot KV cache of max_cache_length positions, whole-prompt MaxText
+  # prefill; maxtext: MaxText's own autoregressive mode (reference, slowest)
+  decode_impl: str = "paged"
   decode_steps: int = 4  # decode steps per dispatch (one host round trip per this many tokens per slot)
   attention_block: int = 512  # slot decode: cache positions per attention block (reads stop at the last used)
+  block_size: int = 64  # paged: positions per KV block
+  kv_blocks: int = 2048  # paged: blocks in the pool; 0 = num_slots x max_cache_length worth (the slot cache's)
+  prefill_chunk: int = 512  # paged: prompt tokens per prefill call (interleaved with decode steps)
+  prefix_cache: bool = True  # paged: reuse the keys of a cached prompt prefix (e.g. the episode's previous turn)
 
   def validate(self, p):
-    _check(self.decode_impl in ("slot", "maxtext"), f"{p}.decode_impl",
-           f"must be 'slot' or 'maxtext', got {self.decode_impl!r}")
+    _check(self.decode_impl in ("paged", "slot", "maxtext"), f"{p}.decode_impl",
+           f"must be 'paged', 'slot' or 'maxtext', got {self.decode_impl!r}")
+    _check(self.block_size >= 1, f"{p}.block_size", f"must be >= 1, got {self.block_size}")
+    _check(self.prefill_chunk >= 1, f"{p}.prefill_chunk", f"must be >= 1, got {self.prefill_chunk}")
+    per_seq = -(-self.max_cache_length // self.block_size)
+    _check(self.kv_blocks == 0 or self.kv_blocks >= per_seq, f"{p}.kv_blocks",
+           f"must be 0 (auto) or >= {per_seq} (one sequence of max_cache_length={self.max_cache_length} "
+           f"positions), got {self.kv_blocks}")
     _check(self.decode_steps >= 1, f"{p}.decode_steps", f"must be >= 1, got {self.decode_steps}")
     _check(self.attention_block >= 1, f"{p}.attention_block", f"must be >= 1, got {self.attention_block}")
     _check(self.num_slots > 0, f"{p}.num_slots", f"must be > 0, got {self.num_slots}")
@@ -457,7 +473,6 @@ def phase_kind(name: str) -> str | None:
 RESERVED_KEYS = {
     "rl.per_device_token_budget": "token-budget packing is not implemented yet",
     "rl.dynamic_balancing": "dynamic length balancing is not implemented yet",
-    "rollout.max_input_tokens": "chunked prefill is not implemented yet (sampler.max_prefill_length is the limit)",
     "pipeline.micro_batch": "gradient accumulation is not implemented yet",
 }
 

@@ -444,8 +444,48 @@ def _materialize_rest(abs_rest):
 
 def build_engine(cfg: Config, devices=None) -> Engine:
   """The engine the ``sampler`` config section describes, on ``devices`` (default: the first
-  ``sampler.num_devices``)."""
-  mesh = sampler_mesh(cfg.sampler.num_devices, devices)
-  return Engine(maxtext_sampler_config(cfg, mesh), mesh, cfg.sampler.prefill_buckets,
-                logits_dtype=cfg.model.logits_dtype, decode_impl=cfg.sampler.decode_impl,
-                attention_block=cfg.sampler.attention_block)
+  ``sampler.num_devices``). A paged engine whose pool and weights do not fit the devices' memory is an
+  error naming ``sampler.kv_blocks``."""
+  s = cfg.sampler
+  mesh = sampler_mesh(s.num_devices, devices)
+  mt = maxtext_sampler_config(cfg, mesh)
+  if s.decode_impl != "paged":
+    return Engine(mt, mesh, s.prefill_buckets, logits_dtype=cfg.model.logits_dtype, decode_impl=s.decode_impl,
+                  attention_block=s.attention_block)
+  from rsi_jax.sampler.paged import PagedEngine
+  kv_blocks = s.kv_blocks or s.num_slots * -(-s.max_cache_length // s.block_size)
+  engine = PagedEngine(mt, mesh, block_size=s.block_size, kv_blocks=kv_blocks, prefill_chunk=s.prefill_chunk,
+                       logits_dtype=cfg.model.logits_dtype, prefill_buckets=s.prefill_buckets)
+  check_fits(engine)
+  return engine
+
+
+def device_memory_bytes(device) -> int | None:
+  """Memory one device offers: the allocator's limit on GPU/TPU, physical memory on CPU (all virtual CPU
+  devices share it); None when unknown."""
+  try:
+    stats = device.memory_stats()
+  except Exception:  # noqa: BLE001 - some backends do not implement it
+    stats = None
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  if device.platform == "cpu":
+    import os
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  return None
+
+
+def check_fits(engine) -> None:
+  """Raise ValueError if the engine's KV pool plus its weights exceed the memory of its devices (on CPU the
+  host's memory, shared by every virtual device; elsewhere each device holds 1/n of both)."""
+  params = sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(engine._abs_params))
+  devices = list(engine.mesh.devices.flat)
+  share = 1 if devices[0].platform == "cpu" else len(devices)
+  need = (engine.kv_bytes + params) / share
+  have = device_memory_bytes(devices[0])
+  if have is not None and need > 0.9 * have:
+    raise ValueError(
+        f"sampler.kv_blocks={engine.kv_blocks} (x block_size {engine.block_size}) needs "
+        f"{engine.kv_bytes / 2**30:.2f} GiB of KV cache, plus {params / 2**30:.2f} GiB of weights: "
+        f"{need / 2**30:.2f} GiB per device, over 90% of the {have / 2**30:.2f} GiB available; lower "
+        f"sampler.kv_blocks")

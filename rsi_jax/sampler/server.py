@@ -52,6 +52,12 @@ class _Request:
   tokens: list = dataclasses.field(default_factory=list)
   logprobs: list = dataclasses.field(default_factory=list)
   done: bool = False
+  # paged engine only
+  blocks: list = dataclasses.field(default_factory=list)  # KV pool block of each of its blocks, in order
+  reserve: int = 0  # blocks reserved at admission and not yet taken
+  cursor: int = 0  # next prompt position to prefill
+  decode_pos: int = 0  # next position a decode step writes (once decoding)
+  decoding: bool = False
 
 
 @dataclasses.dataclass
@@ -62,6 +68,9 @@ class ServerStats:
   busy_slot_steps: int = 0  # sum over decode steps of the number of occupied slots
   swaps: int = 0
   cancelled: int = 0
+  prefill_tokens: int = 0  # prompt tokens computed (paged: excludes reused ones)
+  reused_tokens: int = 0  # prompt tokens whose keys came from the prefix cache (paged)
+  prefill_chunks: int = 0  # chunked prefill calls (paged)
 
 
 class SamplerServer:
@@ -75,17 +84,26 @@ class SamplerServer:
       end-of-sequence ids.
     eos_token_ids: ids that end a completion (finish "eos"), in addition to each request's stop ids.
     swap_policy: "finish_on_old" or "mark" (module docstring).
-    prompt_overflow: what a prompt longer than ``engine.max_prefill_length`` gets: "reject" (a completion
+    prompt_overflow: what a prompt longer than the limit (:attr:`prompt_limit`) gets: "reject" (a completion
       with finish "prompt_too_long" and no tokens), "error" (``submit`` raises ValueError) or
-      "truncate_left" (the most recent ``max_prefill_length`` tokens are kept; ``prompt_len`` tells).
+      "truncate_left" (the most recent ``prompt_limit`` tokens are kept; ``prompt_len`` tells).
     weight_version: version tag of ``params``.
     seed: the stream requests without a seed draw their keys from.
     decode_steps: decode steps per engine call (``sampler.decode_steps``); outputs do not depend on it.
+    max_input_tokens: longest prompt accepted (``rollout.max_input_tokens``); also bounded by the engine:
+      ``max_prefill_length`` (slot / maxtext) or ``max_cache_length - 1`` (paged, chunked prefill).
+    prefix_cache: paged engine: reuse cached prefix blocks (``sampler.prefix_cache``).
+
+  With a :class:`~rsi_jax.sampler.paged.PagedEngine` a request is admitted when a slot is free *and* the KV
+  pool can reserve the blocks of its prompt plus ``max_new_tokens`` (otherwise it waits in the queue; blocks
+  are then taken as the sequence grows); its prompt is prefilled in chunks, one chunk per loop turn between
+  decode calls, starting after the longest cached prefix.
   """
 
   def __init__(self, engine: Engine, params, *, tokenizer=None, eos_token_ids: Sequence[int] | None = None,
                swap_policy: str = "finish_on_old", prompt_overflow: str = "reject", weight_version: int = 0,
-               seed: int = 0, decode_steps: int = 1):
+               seed: int = 0, decode_steps: int = 1, max_input_tokens: int | None = None,
+               prefix_cache: bool = True):
     if swap_policy not in ("finish_on_old", "mark"):
       raise ValueError(f"swap_policy must be 'finish_on_old' or 'mark', got {swap_policy!r}")
     if prompt_overflow not in ("reject", "error", "truncate_left"):
@@ -102,6 +120,15 @@ class SamplerServer:
     self.prompt_overflow = prompt_overflow
     self.vocab_size = int(engine.config.vocab_size)
     self.stats = ServerStats()
+    from rsi_jax.sampler.paged import BlockPool, PagedEngine
+    self._paged = isinstance(engine, PagedEngine)
+    self.prompt_limit = prompt_limit(self._paged, engine.max_cache_length, engine.max_prefill_length,
+                                     max_input_tokens)
+    if self._paged:
+      self.pool = BlockPool(engine.kv_blocks, engine.block_size, prefix_cache)
+      self._tables = np.full((engine.num_slots, engine.table_width), engine.kv_blocks, np.int32)
+      self._tables_dev = None  # device copy of _tables, None when stale
+      self._prefilling: collections.deque = collections.deque()  # (slot, request) in admission order
 
     self._params = engine.load_params(params)
     self._version = weight_version
@@ -129,6 +156,8 @@ class SamplerServer:
     kw.setdefault("prompt_overflow", s.prompt_overflow)
     kw.setdefault("seed", cfg.run.seed)
     kw.setdefault("decode_steps", s.decode_steps)
+    kw.setdefault("max_input_tokens", cfg.rollout.max_input_tokens)
+    kw.setdefault("prefix_cache", s.prefix_cache)
     return cls(build_engine(cfg, devices), params, tokenizer=tokenizer, **kw)
 
   # ------------------------------------------------------------------------------------------ public
@@ -140,7 +169,7 @@ class SamplerServer:
   @property
   def max_prompt_tokens(self) -> int | None:
     """Longest prompt served whole (None with ``truncate_left``, which serves any length by cutting it)."""
-    return None if self.prompt_overflow == "truncate_left" else self.engine.max_prefill_length
+    return None if self.prompt_overflow == "truncate_left" else self.prompt_limit
 
   def submit(self, prompt_ids: Sequence[int], params: P.SamplingParams) -> Future:
     """Queue one request; the future resolves to a :class:`~rsi_jax.policy.Completion`."""
@@ -152,10 +181,12 @@ class SamplerServer:
     if params.stop_strings and self.tokenizer is None:
       raise ValueError("stop_strings need a tokenizer (SamplerServer(tokenizer=...))")
     fut: Future = Future()
-    limit = self.engine.max_prefill_length
+    limit = self.prompt_limit
     if prompt.size > limit:
       if self.prompt_overflow == "error":
-        raise ValueError(f"prompt of {prompt.size} tokens exceeds sampler.max_prefill_length={limit}")
+        what = ("the limit (rollout.max_input_tokens / sampler.max_cache_length - 1)" if self._paged
+                else "sampler.max_prefill_length")
+        raise ValueError(f"prompt of {prompt.size} tokens exceeds {what}={limit}")
       if self.prompt_overflow == "reject":
         fut.set_result(P.Completion(np.zeros(0, np.int32), np.zeros(0, np.float32), P.FINISH_REJECTED,
                                     self._version, prompt_len=int(prompt.size)))
@@ -251,22 +282,32 @@ class SamplerServer:
           for slot in self._cancelled_slots:  # cancelled requests give their slots back
             req = self._slots[slot]
             if req is not None and req.done:
-              self._state = self.engine.free(self._state, slot)
-              self._slots[slot] = None
+              self._release_slot(slot, req, finished=False)
           self._cancelled_slots.clear()
           self._maybe_swap()
           admit = []
           while self._queue and self._pending_swap is None and None in self._slots:
             slot = self._slots.index(None)
-            req = self._queue.popleft()
+            req = self._queue[0]
+            if self._paged and not self._reserve(slot, req):
+              break  # the KV pool is full: the request waits (in order) until blocks are released
+            self._queue.popleft()
             req.start_version = req.version = self._version
             self._slots[slot] = req
             admit.append((slot, req))
-        admitted = [self._prefill_into(slot, req) for slot, req in admit]
-        if self._busy():
-          self._state, result = self.engine.generate_steps(self._params, self._state, self.decode_steps)
+        if self._paged:
+          self._prefilling.extend(admit)
+          admitted = self._prefill_step()
+        else:
+          admitted = [self._prefill_into(slot, req) for slot, req in admit]
+        snapshot = [r if r is not None and (r.decoding or not self._paged) else None for r in self._slots]
+        if any(r is not None for r in snapshot):
+          if self._paged:
+            self._state, result = self.engine.generate_steps(self._params, self._state, self.decode_steps,
+                                                             self._decode_tables(snapshot))
+          else:
+            self._state, result = self.engine.generate_steps(self._params, self._state, self.decode_steps)
           self.stats.decode_steps += self.decode_steps
-          snapshot = list(self._slots)
           self.stats.busy_slot_steps += self.decode_steps * sum(r is not None for r in snapshot)
           if pending is not None:
             self._record(*pending)  # host work overlaps the call just dispatched
@@ -301,6 +342,8 @@ class SamplerServer:
     self._params, self._version = self._pending_swap
     self._pending_swap = None
     self.stats.swaps += 1
+    if self._paged:
+      self.pool.forget()  # cached keys were computed by the old weights
     self._cv.notify_all()
 
   def _prefill_into(self, slot: int, req: _Request):
@@ -311,13 +354,116 @@ class SamplerServer:
     prefix = self.engine.prefill(self._params, req.prompt, req.key, temperature=sp.temperature,
                                  top_k=sp.top_k, top_p=sp.top_p)
     self.stats.prefills += 1
+    self.stats.prefill_tokens += int(req.prompt.size)
     self._state = self.engine.insert(prefix, self._state, slot)
     return slot, req, prefix.token, prefix.logprob
 
-  def _finish_slot(self, slot: int, req: _Request):
+  # ------------------------------------------------------------------------------------------ paged
+
+  def _root(self) -> bytes:
+    return f"weights-v{self._version}".encode()
+
+  def _reserve(self, slot: int, req: _Request) -> bool:
+    """Admission on the paged engine: take the request's longest cached prefix and reserve blocks for the
+    rest of its prompt and ``max_new_tokens``; False (nothing taken) if the pool cannot hold them yet."""
+    from rsi_jax.sampler.paged import block_hashes
+    pool, bs, n = self.pool, self.engine.block_size, int(req.prompt.size)
+    # Only blocks strictly before the last prompt token: that token is always computed (it samples the first
+    # generated token).
+    cached = pool.lookup(block_hashes(req.prompt, bs, (n - 1) // bs, self._root()))
+    extent = min(n + req.params.max_new_tokens, self.engine.max_cache_length)
+    need = -(-extent // bs) - len(cached)
+    if need > pool.available() - sum(int(pool.ref[b] == 0) for b in cached):
+      return False
+    for b in cached:
+      pool.take(b)
+    pool.reserved += need
+    req.reserve, req.blocks, req.cursor = need, list(cached), len(cached) * bs
+    self._tables[slot] = self.engine.kv_blocks
+    self._tables[slot, :len(cached)] = cached
+    self._tables_dev = None
+    self.stats.reused_tokens += req.cursor
+    return True
+
+  def _grow(self, slot: int, req: _Request, upto: int):
+    """Give the request blocks for its positions < ``upto`` (from its reservation; positions past the
+    reservation are never needed and their writes are dropped)."""
+    bs = self.engine.block_size
+    while len(req.blocks) * bs < upto and req.reserve > 0:
+      b = self.pool.allocate()
+      self.pool.reserved -= 1
+      req.reserve -= 1
+      self._tables[slot, len(req.blocks)] = b
+      req.blocks.append(b)
+      self._tables_dev = None
+
+  def _register(self, req: _Request, tokens, upto: int):
+    """Enter the request's full blocks of positions < ``upto`` into the prefix cache (same weights only)."""
+    from rsi_jax.sampler.paged import block_hashes
+    if req.start_version != self._version or req.version != self._version:
+      return
+    for b, h in zip(req.blocks, block_hashes(tokens, self.engine.block_size, upto // self.engine.block_size,
+                                             self._root())):
+      self.pool.register(b, h)
+
+  def _prefill_step(self):
+    """One prefill chunk of the oldest request still prefilling. Returns the first-token records of a
+    request whose prompt it completed."""
+    while self._prefilling and self._prefilling[0][1].done:  # cancelled while prefilling
+      self._prefilling.popleft()
+    if not self._prefilling:
+      return []
+    slot, req = self._prefilling[0]
+    sp, n = req.params, int(req.prompt.size)
+    start = req.cursor
+    end = min(n, start + self.engine.chunk_size)
+    self._grow(slot, req, end)
+    last = end == n
+    self._state, res = self.engine.prefill_chunk(
+        self._params, self._state, req.prompt[start:end], start, self._tables[slot], slot, req.key,
+        temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, last=last)
+    req.cursor = end
+    self.stats.prefill_chunks += 1
+    self.stats.prefill_tokens += end - start
+    if not last:
+      return []
+    self._prefilling.popleft()
+    self.stats.prefills += 1
+    self._register(req, req.prompt, n)
+    req.decoding, req.decode_pos = True, n
+    return [(slot, req, res.token, res.logprob)]
+
+  def _decode_tables(self, snapshot):
+    """Blocks for every position the next call writes, then the (device) block tables."""
+    for slot, req in enumerate(snapshot):
+      if req is not None:
+        self._grow(slot, req, req.decode_pos + self.decode_steps)
+        req.decode_pos += self.decode_steps
+    if self._tables_dev is None:
+      self._tables_dev = jax.device_put(self._tables)
+    return self._tables_dev
+
+  def _release_slot(self, slot: int, req: _Request, finished: bool):
+    """Free the slot; on the paged engine give its blocks back (a finished request first enters the full
+    blocks of its prompt and generated tokens into the prefix cache: every position but the last sampled
+    token's holds its keys)."""
     self._state = self.engine.free(self._state, slot)
     if self._slots[slot] is req:
       self._slots[slot] = None
+    if not self._paged:
+      return
+    if finished and req.decoding:
+      self._register(req, np.concatenate([req.prompt, np.asarray(req.tokens, np.int32)]),
+                     int(req.prompt.size) + len(req.tokens) - 1)
+    for b in req.blocks:
+      self.pool.release(b)
+    self.pool.reserved -= req.reserve
+    req.blocks, req.reserve, req.decoding = [], 0, False
+    self._tables[slot] = self.engine.kv_blocks
+    self._tables_dev = None
+
+  def _finish_slot(self, slot: int, req: _Request):
+    self._release_slot(slot, req, finished=True)
 
   def _record(self, result, snapshot, version, admitted=()):
     """Host side of one engine call ((steps, S) results): ``snapshot`` (request per slot), ``version`` as at
@@ -363,6 +509,22 @@ class SamplerServer:
         finish_reason=reason, weight_version=req.version, prompt_len=int(req.prompt.size),
         version_changed=req.version != req.start_version))
     return True
+
+
+def prompt_limit(paged: bool, max_cache_length: int, max_prefill_length: int,
+                 max_input_tokens: int | None = None) -> int:
+  """Longest prompt a server serves whole: ``max_input_tokens`` (``rollout.max_input_tokens``), bounded by the
+  engine (paged: ``max_cache_length - 1``, as chunked prefill takes any length that leaves room for one
+  generated token; slot / maxtext: the whole-prompt prefill's ``max_prefill_length``)."""
+  limit = max_cache_length - 1 if paged else max_prefill_length
+  return min(limit, int(max_input_tokens)) if max_input_tokens else limit
+
+
+def config_prompt_limit(cfg: Config) -> int:
+  """:func:`prompt_limit` of the server ``SamplerServer.from_config(cfg, ...)`` builds."""
+  s = cfg.sampler
+  return prompt_limit(s.decode_impl == "paged", s.max_cache_length, s.max_prefill_length,
+                      cfg.rollout.max_input_tokens)
 
 
 def stop_string_hit(tokenizer, tokens: Sequence[int], stop_strings: Sequence[str]) -> bool:

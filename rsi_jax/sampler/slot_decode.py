@@ -46,6 +46,45 @@ def _dot(x, w, spec, dtype):
   return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32).astype(dtype)
 
 
+def qwen3_layers(params, tokens, positions, caches, attend, *, eps: float, rope_max_timescale: float,
+                 rope_min_timescale: float = 1.0, dtype=jnp.float32):
+  """MaxText's Qwen3 decoder over N tokens (one row each), the KV cache left to ``attend``.
+
+  ``attend(i, q, k, v, caches) -> (o, caches)`` gets layer ``i``'s queries (N, H, D) (RoPE'd and scaled by
+  head_dim^-0.5) and post-RoPE keys / values (N, K, D), writes them into ``caches`` (any pytree carried
+  through the layer scan) and returns the attention output (N, H, D) and the updated caches.
+  Returns the final-normed hidden (N, E) in ``dtype`` and the caches.
+  """
+  layers = params["decoder"]["layers"]
+  n_layers = layers["pre_self_attention_layer_norm"]["scale"].shape[1]
+  x = params["token_embedder"]["embedding"][tokens].astype(dtype)  # (N, E)
+
+  def layer(carry, i):
+    x, caches = carry
+    w = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, axis=1, keepdims=False), layers)
+    att = w["self_attention"]
+    h = rms_norm(x, w["pre_self_attention_layer_norm"]["scale"], eps, dtype)
+    q = _dot(h, att["query"]["kernel"], "se,ehd->shd", dtype)  # (N, H, D)
+    k = _dot(h, att["key"]["kernel"], "se,ehd->shd", dtype)  # (N, K, D)
+    v = _dot(h, att["value"]["kernel"], "se,ehd->shd", dtype)
+    q = rope(rms_norm(q, att["query_norm"]["scale"], eps, dtype), positions, rope_max_timescale,
+             rope_min_timescale)
+    k = rope(rms_norm(k, att["key_norm"]["scale"], eps, dtype), positions, rope_max_timescale,
+             rope_min_timescale)
+    q = q * jnp.asarray(q.shape[-1] ** -0.5, dtype)
+    o, caches = attend(i, q, k, v, caches)
+    x = x + _dot(o.astype(dtype), att["out"]["kernel"], "shd,hde->se", dtype)
+    h = rms_norm(x, w["post_self_attention_layer_norm"]["scale"], eps, dtype)
+    mlp = w["mlp"]
+    gate = jax.nn.silu(_dot(h, mlp["wi_0"]["kernel"], "se,em->sm", dtype))
+    up = _dot(h, mlp["wi_1"]["kernel"], "se,em->sm", dtype)
+    x = x + _dot(gate * up, mlp["wo"]["kernel"], "sm,me->se", dtype)
+    return (x, caches), None
+
+  (x, caches), _ = jax.lax.scan(layer, (x, caches), jnp.arange(n_layers))
+  return rms_norm(x, params["decoder"]["decoder_norm"]["scale"], eps, dtype), caches
+
+
 def decode_step(params, k_cache, v_cache, tokens, positions, active=None, *, eps: float,
                 rope_max_timescale: float, rope_min_timescale: float = 1.0, dtype=jnp.float32,
                 block: int | None = None):
@@ -62,45 +101,25 @@ def decode_step(params, k_cache, v_cache, tokens, positions, active=None, *, eps
   Returns:
     final-normed hidden (S, E) in ``dtype`` and the updated caches (entry ``positions[s]`` of slot s set).
   """
-  layers = params["decoder"]["layers"]
-  n_layers = layers["pre_self_attention_layer_norm"]["scale"].shape[1]
   s, t, n_kv, d = k_cache.shape[1:]
   block = block or t
   if t % block:
     raise ValueError(f"cache length {t} is not a multiple of the attention block {block}")
-  x = params["token_embedder"]["embedding"][tokens].astype(dtype)  # (S, E)
   rows = jnp.arange(s)
   reach = jnp.max(jnp.where(True if active is None else active, positions, 0))
   n_blocks = jnp.minimum(reach // block + 1, t // block)  # blocks holding any active slot's entries
 
-  def layer(carry, i):
-    x, k_cache, v_cache = carry
-    w = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, axis=1, keepdims=False), layers)
-    att = w["self_attention"]
-    h = rms_norm(x, w["pre_self_attention_layer_norm"]["scale"], eps, dtype)
-    q = _dot(h, att["query"]["kernel"], "se,ehd->shd", dtype)  # (S, H, D)
-    k = _dot(h, att["key"]["kernel"], "se,ehd->shd", dtype)  # (S, K, D)
-    v = _dot(h, att["value"]["kernel"], "se,ehd->shd", dtype)
-    q = rope(rms_norm(q, att["query_norm"]["scale"], eps, dtype), positions, rope_max_timescale,
-             rope_min_timescale)
-    k = rope(rms_norm(k, att["key_norm"]["scale"], eps, dtype), positions, rope_max_timescale,
-             rope_min_timescale)
-    q = q * jnp.asarray(d ** -0.5, dtype)
+  def attend(i, q, k, v, caches):
+    k_cache, v_cache = caches
     k_cache = k_cache.at[i, rows, positions].set(k.astype(k_cache.dtype), mode="drop")
     v_cache = v_cache.at[i, rows, positions].set(v.astype(v_cache.dtype), mode="drop")
     qg = q.reshape(s, n_kv, -1, d)  # (S, K, G, D): query head h uses kv head h // G
     o = _attend(qg, k_cache, v_cache, i, positions, n_blocks, block, dtype)
-    o = o.astype(dtype).reshape(s, -1, d)  # (S, H, D)
-    x = x + _dot(o, att["out"]["kernel"], "shd,hde->se", dtype)
-    h = rms_norm(x, w["post_self_attention_layer_norm"]["scale"], eps, dtype)
-    mlp = w["mlp"]
-    gate = jax.nn.silu(_dot(h, mlp["wi_0"]["kernel"], "se,em->sm", dtype))
-    up = _dot(h, mlp["wi_1"]["kernel"], "se,em->sm", dtype)
-    x = x + _dot(gate * up, mlp["wo"]["kernel"], "sm,me->se", dtype)
-    return (x, k_cache, v_cache), None
+    return o.reshape(s, -1, d), (k_cache, v_cache)
 
-  (x, k_cache, v_cache), _ = jax.lax.scan(layer, (x, k_cache, v_cache), jnp.arange(n_layers))
-  h = rms_norm(x, params["decoder"]["decoder_norm"]["scale"], eps, dtype)
+  h, (k_cache, v_cache) = qwen3_layers(params, tokens, positions, (k_cache, v_cache), attend, eps=eps,
+                                       rope_max_timescale=rope_max_timescale,
+                                       rope_min_timescale=rope_min_timescale, dtype=dtype)
   return h, k_cache, v_cache
 
 

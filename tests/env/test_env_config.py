@@ -36,7 +36,7 @@ def test_make_harness_from_config(tokenizer, renderer):
 def test_summarization_threshold_fits_the_policys_prompt_limit(tokenizer, renderer):
   """With a sampler that rejects prompts over its prefill limit, the configured threshold (32,000 tokens)
   could never trigger: the harness lowers it to leave room for the summary request."""
-  cfg = load_config(SMOKE)
+  cfg = load_config(SMOKE, ["env.summarize_threshold_tokens=32000"])
   pol = ScriptedPolicy(tokenizer, [])
   pol.max_prompt_tokens = 1024
   h = make_harness("json", pol, renderer, SamplingParams(), cfg.env)

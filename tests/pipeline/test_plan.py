@@ -96,15 +96,18 @@ def test_defaults_serve_the_first_prompt_of_every_shipped_task():
   cfg = load_config(CONFIG_DIR / "base.yml")
   tok = load_tokenizer(cfg.model.tokenizer_path)
 
-  class Limits:  # what the harness reads from the sampler
-    max_prompt_tokens = cfg.sampler.max_prefill_length
+  from rsi_jax.sampler.server import config_prompt_limit
 
+  class Limits:  # what the harness reads from the sampler
+    max_prompt_tokens = config_prompt_limit(cfg)
+
+  # The paper's limits, not lowered: 96,000-token prompts, summarization at 32,000 accumulated tokens.
+  assert Limits.max_prompt_tokens == cfg.rollout.max_input_tokens == 96_000
+  assert summarize_threshold(cfg.env.summarize_threshold_tokens, Limits()) == 32_000
+  assert cfg.sampler.max_cache_length >= cfg.rollout.max_input_tokens + cfg.rollout.max_new_tokens
   h = make_harness(cfg.env.harness, Limits(), ChatRenderer(tok), env_cfg=cfg.env)
   lengths = [len(h.initial_prompt(t)) for t in load_tasks(cfg.env.tasks_dir)]
-  assert lengths and max(lengths) <= cfg.sampler.max_prefill_length
-  assert cfg.sampler.max_cache_length - max(lengths) >= 1024  # room for several replies
-  assert max(lengths) < summarize_threshold(cfg.env.summarize_threshold_tokens, Limits()) \
-      <= cfg.sampler.max_prefill_length
+  assert lengths and max(lengths) < 32_000
 
 
 def _read_keys() -> str:

@@ -59,7 +59,19 @@ def engine_with(cfg, **sampler):
 
 @pytest.fixture(scope="session")
 def engine(cfg):
-  return engine_with(cfg)
+  """The slot engine (per-slot cache, MaxText prefill)."""
+  return engine_with(cfg, decode_impl="slot")
+
+
+BLOCK = 8  # paged engine: positions per KV block (the 56-position sequence limit is 7 blocks)
+CHUNK = 8  # paged engine: prompt tokens per prefill chunk
+
+
+@pytest.fixture(scope="session")
+def engine_paged(cfg):
+  """The paged engine: blocks of 8 positions, prompts prefilled 8 tokens at a time (the default pool: the
+  slot cache's memory, 4 slots x 7 blocks)."""
+  return engine_with(cfg, decode_impl="paged", block_size=BLOCK, prefill_chunk=CHUNK)
 
 
 @pytest.fixture(scope="session")

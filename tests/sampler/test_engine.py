@@ -27,7 +27,7 @@ def reference_logprobs(actor, params, prompts, completions):
 @pytest.fixture(scope="module")
 def engine_block16(cfg):
   """Slot decode reading the cache in blocks of 16 positions (56 -> 4 blocks, the last one partly unused)."""
-  return engine_with(cfg, attention_block=16)
+  return engine_with(cfg, decode_impl="slot", attention_block=16)
 
 
 @pytest.mark.parametrize("impl", ["slot", "slot_block16", "maxtext"])
@@ -129,7 +129,7 @@ def test_free_stops_a_slot_and_insert_reuses_it(engine, actor, actor_params):
 @pytest.mark.slow
 def test_tensor_parallel_sampling_mesh(cfg, actor, actor_params):
   """sampler.num_devices=2: the engine runs tensor-parallel (KV heads split) with the same logprobs."""
-  engine = engine_with(cfg, num_devices=2)
+  engine = engine_with(cfg, decode_impl="slot", num_devices=2)
   assert engine.mesh.shape["tensor"] == 2
   params = engine.load_params(actor_params)
   prompt = list(range(5, 22))

@@ -25,12 +25,17 @@ def prompt(n, seed):
   return np.random.default_rng(seed).integers(0, VOCAB, n).tolist()
 
 
-@pytest.fixture(params=[1, 3], ids=["1step", "3steps"])
-def server(request, engine, actor_params):
-  """Outputs must not depend on how many decode steps one engine call runs."""
+@pytest.fixture(params=[("engine", 1), ("engine", 3), ("engine_paged", 1), ("engine_paged", 3)],
+                ids=["slot-1step", "slot-3steps", "paged-1step", "paged-3steps"])
+def server(request, actor_params):
+  """Both engines (slot cache, paged pool); outputs must not depend on how many decode steps one engine call
+  runs."""
+  engine = request.getfixturevalue(request.param[0])
   with SamplerServer(engine, actor_params, tokenizer=CharTokenizer(), eos_token_ids=(),
-                     decode_steps=request.param) as s:
+                     decode_steps=request.param[1]) as s:
     yield s
+  if request.param[0] == "engine_paged":
+    s.pool.check_idle()  # every request gave its blocks back (cancelled ones included)
 
 
 def test_alone_equals_joining_a_busy_batch_midway(server, actor, actor_params):
@@ -123,8 +128,11 @@ def test_prompt_overflow_policies(engine, actor_params):
       s.submit([VOCAB], sp)
 
 
+@pytest.mark.parametrize("impl", ["engine", "engine_paged"])
 @pytest.mark.parametrize("policy", ["finish_on_old", "mark"])
-def test_weight_swap(engine, actor, actor_params, actor_params_b, policy):
+def test_weight_swap(impl, request, actor, actor_params, actor_params_b, policy):
+  """(Paged: the prompt's keys cached under the old weights are not reused after the swap.)"""
+  engine = request.getfixturevalue(impl)
   sp_long = P.SamplingParams(temperature=1.0, max_new_tokens=AR_CAPACITY, seed=5)
   sp = P.SamplingParams(temperature=1.0, max_new_tokens=10, seed=6)
   p = prompt(9, 3)
