@@ -14,6 +14,20 @@ Each method runs ``--repeats`` times and the fastest run is reported (the machin
 Part 2 (``--decode-batch B``): raw engine decode throughput with B occupied slots (``generate_steps`` only),
 slot-cache decode vs MaxText's autoregressive decode.
 
+Part 3 (``--episodes E``): multi-turn agent episodes, E concurrent (one thread each, as the harness runs
+them), ``--turns`` turns each; a turn's prompt is the previous prompt + its ``--action-tokens`` sampled tokens +
+an ``--obs-tokens`` observation (the harness's token-in, token-out history). Generated tokens/s of the paged
+engine with prefix reuse vs the same engine re-prefilling every prompt (``prefix_cache: false``) vs the slot
+engine (whole-prompt MaxText prefill every turn); and the KV memory per live token: the paged pool's held
+blocks vs the slot cache's ``num_slots x max_cache_length``.
+
+Part 4 (``--long-prompt N``): chunked prefill time of prompts of N/8, N/4, N/2 and N tokens (paged engine):
+time per token should not grow with the length.
+
+Part 5 (``--numerics``): the train-inference logprob gap at bfloat16 weights and activations: the paged
+sampler's logprobs of its own samples vs the learner's (``Actor.token_logprobs``) at bfloat16, both vs a
+float32 forward of the same (bfloat16-rounded) weights.
+
 Compilation is excluded: each path is warmed up on the same shapes first. Prints tokens/s and ratios.
 
   python benchmarks/bench_sampler.py                                  # tiny Qwen3, real vocabulary, CPU
@@ -65,7 +79,16 @@ def parse_args():
   ap.add_argument("--decode-steps", type=int, default=128)
   ap.add_argument("--decode-cache", type=int, default=0,
                   help="positions per slot for part 2 (default: max prompt + new tokens)")
-  ap.add_argument("--skip", default="", help="comma list of parts to skip: single,naive,maxtext,part1")
+  ap.add_argument("--skip", default="", help="comma list of parts to skip: single,naive,maxtext,part1,slot")
+  ap.add_argument("--episodes", type=int, default=0, help="part 3: concurrent multi-turn episodes")
+  ap.add_argument("--turns", type=int, default=20)
+  ap.add_argument("--first-prompt", type=int, default=300, help="part 3: tokens of each episode's first prompt")
+  ap.add_argument("--action-tokens", type=int, default=50)
+  ap.add_argument("--obs-tokens", type=int, default=100)
+  ap.add_argument("--long-prompt", type=int, default=0, help="part 4: longest prompt (tokens)")
+  ap.add_argument("--numerics", action="store_true", help="part 5: bfloat16 logprob gaps")
+  ap.add_argument("--hbm-gbps", type=float, default=0.0,
+                  help="part 2: the device's memory bandwidth (GB/s; H200: 4800) to report decode's roofline share")
   ap.add_argument("overrides", nargs="*", help="config key=value overrides")
   return ap.parse_args()
 
@@ -146,25 +169,176 @@ def decode_throughput(args, impl):
   cache = args.decode_cache or cfg.sampler.max_cache_length
   cfg = with_overrides(cfg, {"sampler": {"decode_impl": impl, "max_cache_length": cache},
                              "model": {"max_target_length": cache}})
+  if impl == "paged":  # every slot's blocks contiguous in the pool
+    cfg = with_overrides(cfg, {"sampler": {"kv_blocks": 0}})
   engine = build_engine(cfg)
   params = engine.init_params(0)
   state = engine.init_decode_state()
+  tables = None
+  if impl == "paged":
+    tables = np.arange(engine.num_slots * engine.table_width, dtype=np.int32).reshape(engine.num_slots, -1)
   for slot, p in enumerate((prompts(args) * args.decode_batch)[:args.decode_batch]):
-    state = engine.insert(engine.prefill(params, p, jax.random.key(slot)), state, slot)
+    if impl == "paged":
+      state, _ = engine.prefill_chunk(params, state, p, 0, tables[slot], slot, jax.random.key(slot), last=True)
+    else:
+      state = engine.insert(engine.prefill(params, p, jax.random.key(slot)), state, slot)
   per_call = cfg.sampler.decode_steps
-  calls = max(1, min(args.decode_steps, engine.ar_capacity) // per_call - 1)
-  state, res = engine.generate_steps(params, state, per_call)  # compile
+  calls = max(1, min(args.decode_steps, engine.token_limit(args.max_prompt) - 1) // per_call - 1)
+  extra = (tables,) if impl == "paged" else ()
+  state, res = engine.generate_steps(params, state, per_call, *extra)  # compile
   jax.block_until_ready(res.tokens)
   t = time.perf_counter()
   for _ in range(calls):
-    state, res = engine.generate_steps(params, state, per_call)
+    state, res = engine.generate_steps(params, state, per_call, *extra)
   jax.block_until_ready(res.tokens)
   dt = time.perf_counter() - t
   steps = calls * per_call
   n = args.decode_batch * steps
+  roof = ""
+  if args.hbm_gbps:  # a decode step must read every weight once and every live position's K and V
+    weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(model_params(params)))
+    n_layers, _, _, n_kv, head_dim = engine._slot_shape
+    per_pos = 2 * n_layers * n_kv * head_dim * engine._dtype.itemsize
+    live = np.mean([len(p) for p in prompts(args)]) + per_call + steps / 2  # mean position while timed
+    floor_s = (weights + args.decode_batch * live * per_pos) / (args.hbm_gbps * 1e9)
+    roof = f", {floor_s / (dt / steps):.1%} of the HBM roofline ({floor_s * 1e3:.2f} ms/step)"
   print(f"decode {impl:8s} batch {args.decode_batch:3d}: {n / dt:10.1f} tokens/s  ({dt / steps * 1e3:.2f} ms/step, "
-        f"{steps} steps, {per_call} per call, cache {cache})")
+        f"{steps} steps, {per_call} per call, cache {cache}{roof})")
   return n / dt
+
+
+def episodes_workload(server, args, seed=0):
+  """Part 3's workload on ``server`` -> (generated tokens, seconds). Another ``seed`` gives other prompts of
+  the same lengths (a warm-up that compiles every shape without leaving reusable prefixes)."""
+  def episode(e):
+    rng = np.random.default_rng(100 + e + 1000 * seed)
+    prompt, got = rng.integers(0, 1000, args.first_prompt).tolist(), 0
+    for t in range(args.turns):
+      c = server.generate(prompt, P.SamplingParams(temperature=1.0, max_new_tokens=args.action_tokens,
+                                                   seed=1000 * e + t))
+      got += len(c.token_ids)
+      prompt = prompt + c.token_ids.tolist() + rng.integers(0, 1000, args.obs_tokens).tolist()
+    return got
+
+  t0 = time.perf_counter()
+  with concurrent.futures.ThreadPoolExecutor(args.episodes) as ex:
+    n = sum(ex.map(episode, range(args.episodes)))
+  return n, time.perf_counter() - t0
+
+
+def multi_turn(args, skip):
+  """Part 3: reuse vs re-prefill vs the slot engine, and KV bytes per live token."""
+  longest = args.first_prompt + args.turns * (args.action_tokens + args.obs_tokens)
+  cache = -(-longest // 512) * 512
+  base = make_cfg(args, args.episodes)
+  variants = {"paged, prefix reuse": {"decode_impl": "paged", "prefix_cache": True},
+              "paged, re-prefill": {"decode_impl": "paged", "prefix_cache": False}}
+  if "slot" not in skip:
+    buckets = [b for b in (512, 1024, 2048, 4096, 8192, 16384) if b < cache] + [cache - args.action_tokens]
+    variants["slot, re-prefill"] = {"decode_impl": "slot", "max_prefill_length": cache - args.action_tokens,
+                                    "prefill_buckets": buckets}
+  results, params = {}, None
+  for name, over in variants.items():
+    cfg = with_overrides(base, {"sampler": {"max_cache_length": cache, "kv_blocks": 0, **over},
+                                "model": {"max_target_length": cache}})
+    engine = build_engine(cfg)
+    params = engine.init_params(0) if params is None else params
+    with SamplerServer(engine, params, eos_token_ids=(), decode_steps=cfg.sampler.decode_steps,
+                       prefix_cache=cfg.sampler.prefix_cache) as server:
+      episodes_workload(server, args, seed=1)  # compiles every shape the workload meets
+      st0 = dict(vars(server.stats))
+      n, dt = episodes_workload(server, args)
+      st = {k: v - st0[k] for k, v in vars(server.stats).items()}
+    results[name] = (n, dt, st, engine)
+    print(f"  {name:22s} {n:6d} tokens {dt:8.2f} s {n / dt:9.1f} generated tokens/s; prefilled "
+          f"{st['prefill_tokens']} prompt tokens, reused {st['reused_tokens']}", flush=True)
+  n, dt, st, engine = results["paged, prefix reuse"]
+  for name in results:
+    if name != "paged, prefix reuse":
+      m, dm = results[name][:2]
+      print(f"  prefix reuse / {name}: {(n / dt) / (m / dm):.2f}x generated tokens/s")
+  per_pos = engine.kv_bytes / (engine.kv_blocks * engine.block_size)  # K and V bytes of one position
+  calls = st["decode_steps"] // base.sampler.decode_steps
+  held = st["kv_held_positions"] / st["kv_live_positions"]  # whole blocks (and the next call's) vs used
+  slot = calls * engine.num_slots * cache / st["kv_live_positions"]  # every slot's whole row, every call
+  print(f"  KV bytes per live token (over {calls} decode calls): paged pool {per_pos * held:.0f} B "
+        f"(held / live positions {held:.3f}), slot cache {per_pos * slot:.0f} B ({engine.num_slots} slots x "
+        f"{cache} positions): {slot / held:.1f}x")
+
+
+def long_prompt(args):
+  """Part 4: chunked prefill time per token for prompts of N/8 .. N tokens."""
+  n_max = args.long_prompt
+  cfg = with_overrides(make_cfg(args, 1), {"sampler": {"decode_impl": "paged", "max_cache_length": n_max + 64,
+                                                       "kv_blocks": 0},
+                                           "model": {"max_target_length": n_max + 64}})
+  engine = build_engine(cfg)
+  params = engine.load_params(engine.init_params(0))
+  rng = np.random.default_rng(0)
+  table = np.arange(engine.table_width, dtype=np.int32)
+  chunk = engine.chunk_size
+
+  def prefill(n):
+    state = engine.init_decode_state()
+    prompt = rng.integers(0, 1000, n).tolist()
+    jax.block_until_ready(state)
+    t0 = time.perf_counter()
+    for start in range(0, n, chunk):
+      end = min(n, start + chunk)
+      state, res = engine.prefill_chunk(params, state, prompt[start:end], start, table, 0, jax.random.key(0),
+                                        last=end == n)
+    jax.block_until_ready(res.token)
+    return time.perf_counter() - t0
+
+  lengths = [n_max // 8, n_max // 4, n_max // 2, n_max]
+  for n in lengths:
+    prefill(n)  # compile (a prompt shorter than a chunk has its own chunk shape)
+  times = {n: min(prefill(n) for _ in range(args.repeats)) for n in lengths}
+  first = times[lengths[0]] / lengths[0]
+  print(f"chunked prefill ({chunk}-token chunks, {engine.block_size}-position blocks), fastest of {args.repeats}:")
+  for n, t in times.items():
+    print(f"  {n:7d} tokens {t:8.3f} s {n / t:10.1f} tokens/s  time per token {t / n / first:.2f}x the "
+          f"{lengths[0]}-token prompt's")
+
+
+def numerics(args):
+  """Part 5: |sampler - learner| and both vs float32 logprobs, bfloat16 weights and activations."""
+  from rsi_jax.models.actor import Actor
+  from rsi_jax.models.mesh import build_mesh
+  n_req = 4
+  cfgs = {dt: with_overrides(make_cfg(args, n_req), {"model": {"dtype": dt, "weight_dtype": dt}})
+          for dt in ("bfloat16", "float32")}
+  engine = build_engine(cfgs["bfloat16"])
+  params = engine.init_params(0)
+  # Random weights: the tied embedding scaled down so next-token distributions are spread (as in
+  # tests/sampler/conftest.py); otherwise nearly every logprob is 0 and the gaps say nothing.
+  params["token_embedder"]["embedding"] = params["token_embedder"]["embedding"] * 0.1
+  params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+  reqs = prompts(args)[:n_req]
+  with SamplerServer(engine, params, eos_token_ids=()) as server:
+    outs = [server.generate(p, P.SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=i))
+            for i, p in enumerate(reqs)]
+  seqs = [list(p) + o.token_ids.tolist() for p, o in zip(reqs, outs)]
+  t = max(map(len, seqs))
+  tokens = np.zeros((n_req, t), np.int32)
+  seg = np.zeros((n_req, t), np.int32)
+  for i, q in enumerate(seqs):
+    tokens[i, :len(q)], seg[i, :len(q)] = q, 1
+  pos = np.broadcast_to(np.arange(t, dtype=np.int32), tokens.shape)
+  lps = {}
+  for dt, cfg in cfgs.items():
+    actor = Actor(cfg, build_mesh(cfg))
+    w = jax.tree.map(lambda x: x.astype(dt), model_params(params))
+    lp = np.asarray(actor.token_logprobs(w, jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(seg)))
+    lps[dt] = np.concatenate([lp[i, len(p):len(p) + len(o.token_ids)] for i, (p, o) in enumerate(zip(reqs, outs))])
+  sampler = np.concatenate([o.logprobs for o in outs])
+  print(f"logprob gaps, {args.model} at bfloat16 weights and activations ({sampler.size} sampled tokens, "
+        f"mean logprob {sampler.mean():.2f}): mean |d| / max |d|")
+  for name, a, b in (("sampler bf16 vs learner bf16", sampler, lps["bfloat16"]),
+                     ("sampler bf16 vs float32 reference", sampler, lps["float32"]),
+                     ("learner bf16 vs float32 reference", lps["bfloat16"], lps["float32"])):
+    d = np.abs(a - b)
+    print(f"  {name:34s} {d.mean():.4f} / {d.max():.4f}")
 
 
 def main():
@@ -214,8 +388,18 @@ def main():
     if "one at a time" in results:
       (n1, d1), (nc, dc) = results["one at a time"], results["continuous batching"]
       print(f"  continuous / one-at-a-time: {(nc / dc) / (n1 / d1):.2f}x")
+  if args.episodes:
+    print(f"{args.episodes} concurrent episodes x {args.turns} turns: first prompt {args.first_prompt} tokens, "
+          f"+{args.action_tokens} sampled +{args.obs_tokens} observation tokens per turn (after a warm-up pass)")
+    multi_turn(args, skip)
+  if args.long_prompt:
+    long_prompt(args)
+  if args.numerics:
+    numerics(args)
   if args.decode_batch:
     slot = decode_throughput(args, "slot")
+    paged = decode_throughput(args, "paged")
+    print(f"  paged / slot decode: {paged / slot:.2f}x")
     if "maxtext" not in skip:
       mt = decode_throughput(args, "maxtext")
       print(f"  slot / maxtext decode: {slot / mt:.2f}x")

@@ -2,8 +2,9 @@
 # GPU checks for a lent NVIDIA GPU machine (one short prepared run):
 #   1. actor train step (forward+backward+AdamW) throughput and MFU for a real Qwen3 size at sequence 8,192,
 #      side by side with MaxText's own pre-training step (benchmarks/bench_actor.py);
-#   2. sampler decode tokens/s at batch 64 (slot-cache and MaxText decode) plus the continuous-batching
-#      comparison (benchmarks/bench_sampler.py).
+#   2. sampler decode tokens/s at batch 64 (paged, slot-cache and MaxText decode) with the share of the HBM
+#      roofline (HBM_GBPS, H200: 4800), the continuous-batching comparison and the multi-turn prefix-reuse
+#      workload (benchmarks/bench_sampler.py).
 #
 # That machine has its own python3 with JAX + CUDA but no maxtext; the wheels maxtext needs travel in .whl/
 # (made with `pip download --no-deps` for cp312 manylinux; see scripts/gpu_wheels.sh). Results go to $OUT.
@@ -34,4 +35,5 @@ timeout ${ACTOR_TIMEOUT:-300} $PY benchmarks/bench_actor.py --steps "$STEPS" --b
   | grep -vE "^(W|I)[0-9]{4}" | tail -n 30
 echo "== sampler: $MODEL, decode batch $DECODE_BATCH" | tee "$OUT/bench_sampler.txt"
 timeout ${SAMPLER_TIMEOUT:-420} $PY benchmarks/bench_sampler.py --model "$MODEL" --decode-batch "$DECODE_BATCH" \
+  --hbm-gbps "${HBM_GBPS:-4800}" --episodes 8 --turns 20 --repeats 1 --skip single,naive \
   2>&1 | tee -a "$OUT/bench_sampler.txt" | grep -vE "^(W|I)[0-9]{4}" | tail -n 30

@@ -308,6 +308,10 @@ class PagedEngine(Engine):
       raise ValueError("paged decode needs the slots' block tables")
     return self._paged_steps_jit(params, state, jnp.asarray(tables, jnp.int32), int(num_steps))
 
+  def insert(self, prefix, state, slot):
+    raise NotImplementedError("the paged engine writes prompts into its pool with prefill_chunk(..., last=True) "
+                              "(prefill() is MaxText's whole-prompt reference and its cache has no pool layout)")
+
   def generate(self, params, state, tables=None):
     state, res = self.generate_steps(params, state, 1, tables)
     return state, jax.tree.map(lambda x: x[0], res)

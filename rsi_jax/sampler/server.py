@@ -71,6 +71,9 @@ class ServerStats:
   prefill_tokens: int = 0  # prompt tokens computed (paged: excludes reused ones)
   reused_tokens: int = 0  # prompt tokens whose keys came from the prefix cache (paged)
   prefill_chunks: int = 0  # chunked prefill calls (paged)
+  # paged, summed over decode calls: KV positions the decoding requests hold (whole blocks) and use
+  kv_held_positions: int = 0
+  kv_live_positions: int = 0
 
 
 class SamplerServer:
@@ -438,6 +441,8 @@ class SamplerServer:
     for slot, req in enumerate(snapshot):
       if req is not None:
         self._grow(slot, req, req.decode_pos + self.decode_steps)
+        self.stats.kv_live_positions += req.decode_pos
+        self.stats.kv_held_positions += len(req.blocks) * self.engine.block_size
         req.decode_pos += self.decode_steps
     if self._tables_dev is None:
       self._tables_dev = jax.device_put(self._tables)
