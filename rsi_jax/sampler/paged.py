@@ -249,7 +249,10 @@ class PagedEngine(Engine):
     self.kv_blocks = int(kv_blocks)
     self.chunk_size = int(prefill_chunk)
     self.table_width = -(-self.max_cache_length // self.block_size)
-    self.decode_work = int(attention_work) or self.num_slots
+    # (sequence, block) pairs per attention iteration: decode reads about 2,048 positions (or a block per
+    # slot) per iteration (measured on CPU, qwen3-tiny, 8 slots at 3,000 positions, 64-position blocks: 8 pairs
+    # 751 tok/s, 32 pairs 1,154, 64 pairs 1,133, 128 pairs 1,088); a prefill chunk reads up to 8 blocks.
+    self.decode_work = int(attention_work) or max(self.num_slots, 2048 // self.block_size)
     self.prefill_work = max(1, min(8, -(-self.chunk_size // self.block_size)))
     n_layers, _, _, n_kv, head_dim = self._slot_shape
     self._pool_shape = (n_layers, self.kv_blocks, self.block_size, n_kv, head_dim)
@@ -307,6 +310,16 @@ class PagedEngine(Engine):
     if tables is None:
       raise ValueError("paged decode needs the slots' block tables")
     return self._paged_steps_jit(params, state, jnp.asarray(tables, jnp.int32), int(num_steps))
+
+  def prefill_prompt(self, params, state: DecodeState, prompt: Sequence[int], table, slot: int, key: jax.Array,
+                     start: int = 0, **sampling) -> tuple[DecodeState, ChunkResult]:
+    """``prompt[start:]`` chunk by chunk (positions ``start..``; earlier ones already in the table's blocks),
+    the last chunk activating ``slot`` (:meth:`prefill_chunk`)."""
+    n = len(prompt)
+    for a in range(start, n, self.chunk_size):
+      b = min(n, a + self.chunk_size)
+      state, res = self.prefill_chunk(params, state, prompt[a:b], a, table, slot, key, last=b == n, **sampling)
+    return state, res
 
   def insert(self, prefix, state, slot):
     raise NotImplementedError("the paged engine writes prompts into its pool with prefill_chunk(..., last=True) "

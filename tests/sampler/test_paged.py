@@ -59,15 +59,6 @@ def test_paged_attention_matches_a_dense_loop(work):
   assert not np.asarray(got)[0].any()  # a sequence with no block reads nothing
 
 
-def prefill_chunks(engine, params, state, prompt, table, slot, key, **sp):
-  """Prefill ``prompt`` chunk by chunk into ``slot``; returns the state and the first token's result."""
-  for start in range(0, len(prompt), engine.chunk_size):
-    end = min(len(prompt), start + engine.chunk_size)
-    state, res = engine.prefill_chunk(params, state, prompt[start:end], start, table, slot, key,
-                                      last=end == len(prompt), **sp)
-  return state, res
-
-
 def test_chunked_prefill_matches_maxtext_prefill_then_decode_matches_the_actor(engine_paged, actor,
                                                                               actor_params):
   """Prompts of 3, 8, 13 and 29 tokens (the last: 4 chunks of 8) written into blocks scattered over the pool:
@@ -88,7 +79,7 @@ def test_chunked_prefill_matches_maxtext_prefill_then_decode_matches_the_actor(e
               dict(temperature=1.0, top_p=0.9)]
   out, lps = [], []
   for i, p in enumerate(prompts):
-    state, res = prefill_chunks(engine, params, state, p, tables[i], i, jax.random.key(i), **samplers[i])
+    state, res = engine.prefill_prompt(params, state, p, tables[i], i, jax.random.key(i), **samplers[i])
     ref = engine.prefill(params, p, jax.random.key(i), **samplers[i])
     assert int(res.token[0]) == int(ref.token[0])
     np.testing.assert_allclose(float(res.logprob[0]), float(ref.logprob[0]), atol=TOL, rtol=0)
