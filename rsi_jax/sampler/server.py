@@ -71,6 +71,7 @@ class ServerStats:
   prefill_tokens: int = 0  # prompt tokens computed (paged: excludes reused ones)
   reused_tokens: int = 0  # prompt tokens whose keys came from the prefix cache (paged)
   prefill_chunks: int = 0  # chunked prefill calls (paged)
+  interleaved_steps: int = 0  # decode steps dispatched while a prompt was still being prefilled (paged)
   # paged, summed over decode calls: KV positions the decoding requests hold (whole blocks) and use
   kv_held_positions: int = 0
   kv_live_positions: int = 0
@@ -311,6 +312,8 @@ class SamplerServer:
           else:
             self._state, result = self.engine.generate_steps(self._params, self._state, self.decode_steps)
           self.stats.decode_steps += self.decode_steps
+          if self._paged and self._prefilling:
+            self.stats.interleaved_steps += self.decode_steps
           self.stats.busy_slot_steps += self.decode_steps * sum(r is not None for r in snapshot)
           if pending is not None:
             self._record(*pending)  # host work overlaps the call just dispatched

@@ -189,6 +189,19 @@ def test_admission_waits_for_blocks_and_results_do_not_depend_on_it(cfg, actor_p
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6, rtol=0)
 
 
+def test_a_long_prompt_is_prefilled_between_decode_steps(engine_paged, actor_params):
+  """A 48-token prompt (6 chunks) arriving while another request decodes: one chunk per loop turn, each
+  followed by a decode call for the running request, which therefore does not wait for the whole prompt."""
+  with SamplerServer(engine_paged, actor_params, eos_token_ids=(), decode_steps=1) as s:
+    running = s.submit(list(range(1, 6)), P.SamplingParams(max_new_tokens=50, seed=0))
+    while s.stats.decode_steps < 2:
+      pass
+    long = s.submit(list(range(100, 148)), P.SamplingParams(max_new_tokens=2, seed=1)).result(timeout=120)
+    assert running.result(timeout=120).finish_reason == P.FINISH_LENGTH and len(long.token_ids) == 2
+    assert s.stats.prefill_chunks == 1 + 6
+    assert s.stats.interleaved_steps >= 5  # after each of the long prompt's first 5 chunks
+
+
 def test_prompt_limit_is_max_input_tokens_or_the_sequence_limit(engine_paged, actor_params):
   with SamplerServer(engine_paged, actor_params, max_input_tokens=20, eos_token_ids=()) as s:
     assert s.max_prompt_tokens == 20
