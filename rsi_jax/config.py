@@ -366,6 +366,7 @@ class RSRConfig:
   num_runbooks: int = 4
   num_repeats: int = 4  # M: fresh executions per accepted runbook
   families: tuple = ()  # task families (category) of the pool the funnel runs on; () = every task
+  max_tasks: int = 0  # of those, 0 = all, else this many (the first of each family, round-robin over families)
   target_harness: str = "json"  # H0: fresh execution and the stored SFT trajectories
   policy: str = "actor"  # actor | scripted (a test double that knows the reference solutions: smoke runs, tests)
   judge: bool = False  # also ask the actor to review runbooks the rules accept (it can only reject)
@@ -383,6 +384,7 @@ class RSRConfig:
     for k in ("discovery_attempts", "num_repeats", "runbook_max_tokens", "transcript_output_chars"):
       _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
     _check(self.num_runbooks >= 0, f"{p}.num_runbooks", f"must be >= 0 (0: runbook stage off), got {self.num_runbooks}")
+    _check(self.max_tasks >= 0, f"{p}.max_tasks", f"must be >= 0 (0: every task), got {self.max_tasks}")
     _check(all(isinstance(f, str) and f for f in self.families), f"{p}.families",
            f"must list task families (names), got {list(self.families)}")
     _check(self.target_harness in known, f"{p}.target_harness", f"must be json/xml, got {self.target_harness!r}")

@@ -162,6 +162,7 @@ def test_dump_roundtrip():
     (["sampler.prefill_chunk=0"], "sampler.prefill_chunk", "must be >= 1"),
     (["sampler.kv_blocks=3"], "sampler.kv_blocks", "one sequence of max_cache_length=8192"),
     (["rsr.num_runbooks=-1"], "rsr.num_runbooks", "must be >= 0 (0: runbook stage off)"),
+    (["rsr.max_tasks=-2"], "rsr.max_tasks", "must be >= 0 (0: every task)"),
     (["rsr.families=['']"], "rsr.families", "must list task families"),
     (["rsr.harnesses=[json, oracle]"], "rsr.harnesses", "distinct harnesses of ['json', 'xml']"),
     (["rsr.harnesses=[json, json]"], "rsr.harnesses", "distinct harnesses"),

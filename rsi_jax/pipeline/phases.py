@@ -185,11 +185,7 @@ class RSRPhase(Phase):
     from rsi_jax.rsr.funnel import policy_factory, run_funnel
     from rsi_jax.rsr.scripted import LABEL, ScriptedRSRPolicy
     cfg, ctx = self.cfg, self.ctx
-    tasks = [t for t in ctx.tasks if not cfg.rsr.families or t.family in cfg.rsr.families]
-    unknown = sorted(set(cfg.rsr.families) - {t.family for t in ctx.tasks})
-    if unknown:
-      raise InvariantError(f"{self.name}: rsr.families names {unknown}, which no task of the pool has (its "
-                           f"families: {sorted({t.family for t in ctx.tasks})})")
+    tasks = funnel_tasks(ctx.tasks, cfg.rsr.families, cfg.rsr.max_tasks, self.name)
     if cfg.rsr.policy == "scripted":
       scripted = ScriptedRSRPolicy(ctx.tokenizer, tasks)
       policy_for, label = (lambda tag: scripted), LABEL
@@ -453,6 +449,17 @@ class RolloutPhase(Phase):
         rollout_wait_seconds=t1 - t0, step_seconds=time.time() - t0)
     m["staleness"] = m["staleness/max"]
     return dataclasses.replace(state, train=train), m
+
+
+def funnel_tasks(pool, families, max_tasks: int, phase: str) -> list:
+  """The tasks an RSR phase's funnel runs on: those of ``families`` (every family when empty; a family the pool
+  lacks is an error), then at most ``max_tasks`` of them (0 = all), the first of each family round-robin."""
+  from rsi_jax.pipeline.driver import pick_tasks
+  unknown = sorted(set(families) - {t.family for t in pool})
+  if unknown:
+    raise InvariantError(f"{phase}: rsr.families names {unknown}, which no task of the pool has (its "
+                         f"families: {sorted({t.family for t in pool})})")
+  return pick_tasks([t for t in pool if not families or t.family in families], max_tasks)
 
 
 class CriticSeedPhase(RolloutPhase):

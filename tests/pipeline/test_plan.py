@@ -247,3 +247,18 @@ def test_training_starts_from_hf_path_or_a_checkpoint(tmp_path):
   got2, src2 = d._actor_start(ctx, spec, 0, None, {})
   assert src2 == ck
   assert all(np.array_equal(a, 2 * b) for a, b in zip(jax.tree.leaves(jax.device_get(got2)), jax.tree.leaves(want)))
+
+
+def test_funnel_tasks_filters_families_then_takes_the_first_of_each_round_robin():
+  """rsr.families then rsr.max_tasks: e.g. a warm start on some of the train tasks of some templates."""
+  from types import SimpleNamespace
+
+  from rsi_jax.pipeline.phases import funnel_tasks
+  pool = [SimpleNamespace(name=f"{f}-{i}", family=f) for f in ("a", "b", "c") for i in range(4)]
+  names = lambda ts: [t.name for t in ts]
+  assert names(funnel_tasks(pool, (), 0, "rsr1")) == names(pool)
+  assert names(funnel_tasks(pool, ("a", "c"), 0, "rsr1")) == ["a-0", "a-1", "a-2", "a-3", "c-0", "c-1", "c-2", "c-3"]
+  assert names(funnel_tasks(pool, ("a", "c"), 5, "rsr1")) == ["a-0", "c-0", "a-1", "c-1", "a-2"]
+  assert names(funnel_tasks(pool, (), 3, "rsr1")) == ["a-0", "b-0", "c-0"]
+  with pytest.raises(InvariantError, match=r"rsr0: rsr.families names \['z'\]"):
+    funnel_tasks(pool, ("a", "z"), 0, "rsr0")
