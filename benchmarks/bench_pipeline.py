@@ -8,6 +8,14 @@ after the first (the first step includes compilation and cannot overlap anything
 Usage: XLA_FLAGS=--xla_force_host_platform_device_count=4 .venv/bin/python benchmarks/bench_pipeline.py
        [--steps 5] [--repeats 1] [key=value ...]
 Needs a Docker daemon and rsi-base (scripts/docker_up.sh, scripts/build_base_image.sh).
+
+Measured on the 2-core CPU (smoke config, median of 2 rounds):
+  2026-11-30: synchronous 0.301, one batch ahead 0.338 traj/s: 1.12x (the learner's update, ~12 s, was
+    mostly the LM head over every position; the rollouts ~5 s).
+  2026-12-01, LM head at the loss positions only, paged sampler: 0.201 vs 0.246 traj/s: 1.22x (earlier runs
+    the same day, slot sampler: 0.205 vs 0.268, 1.31x). A synchronous run's steps 2-5 now take 16.7 s of
+    rollouts (Docker episodes: containers, commands, verifiers) and 2.8 s of learning, so overlapping them can
+    give at most (16.7 + 2.8) / 16.7 = 1.17x here: the ratio is bounded by the smaller side, not the overlap.
 """
 
 from __future__ import annotations

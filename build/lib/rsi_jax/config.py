@@ -1,0 +1,770 @@
+"""One validated, immutable configuration object for the whole stack.
+
+Layout (MaxText style): ``configs/base.yml`` holds every default; a run file names its base with
+``base_config:`` and its model with ``model_name:`` (loaded from ``configs/models/<name>.yml`` into the
+``model`` section); command-line ``key=value`` overrides come last, with dotted keys for sections
+(``actor_optim.learning_rate=1e-7``, ``mesh.ici_fsdp_parallelism=4``). Phase files
+(``configs/phases/<phase>.yml``) are overlays the pipeline applies under the command line
+(:func:`rsi_jax.pipeline.driver.phase_config`).
+
+Every section is a frozen dataclass; the schema *is* the dataclasses below. Unknown keys, wrong types and
+impossible values raise :class:`ConfigError` naming the dotted key. The resulting :class:`Config` is passed
+down explicitly; nothing reads configuration from globals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+
+
+class ConfigError(ValueError):
+  """A configuration value is unknown, of the wrong type, or impossible. The message names the key."""
+
+
+# ----------------------------------------------------------------------------------------------- sections
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  name: str = "rsi"
+  output_dir: str = "runs"
+  seed: int = 0
+  log_level: str = "info"  # level of the run's log file (<run folder>/train.log); the console shows step lines
+  progress: bool = True  # tqdm progress bars for long work
+  # auto: rerunning the same command resumes the run folder's latest complete checkpoint (MaxText's rule);
+  # never: a run folder that already holds a run is an error
+  resume: str = "auto"
+
+  def validate(self, p):
+    _check(self.name != "", f"{p}.name", "must not be empty")
+    _check("/" not in self.name, f"{p}.name", f"must not contain '/', got {self.name!r}")
+    _check(self.resume in ("auto", "never"), f"{p}.resume", f"must be 'auto' or 'never', got {self.resume!r}")
+    _check(self.log_level in ("debug", "info", "warning", "error"), f"{p}.log_level",
+           f"must be one of debug/info/warning/error, got {self.log_level!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """A MaxText Qwen3 decoder. Field names are MaxText's own config keys, passed through to pyconfig."""
+  name: str = "qwen3-tiny"
+  decoder_block: str = "qwen3"
+  base_emb_dim: int = 64
+  base_num_query_heads: int = 4
+  base_num_kv_heads: int = 2
+  base_mlp_dim: int = 128
+  base_num_decoder_layers: int = 2
+  head_dim: int = 16
+  vocab_size: int = 151936
+  logits_via_embedding: bool = True  # tie_word_embeddings
+  normalization_layer_epsilon: float = 1e-6
+  rope_max_timescale: int = 1_000_000
+  use_qk_norm: bool = True
+  max_target_length: int = 512
+  dtype: str = "float32"  # activation dtype
+  weight_dtype: str = "float32"
+  scan_layers: bool = True
+  remat_policy: str = "full"
+  attention: str = "dot_product"
+  hf_path: str = ""  # local HF Qwen3 folder (config.json + *.safetensors) to import; "" = random init
+  tokenizer_path: str = ""  # "" = the Qwen3 tokenizer shipped inside the maxtext package
+  maxtext_overrides: dict = dataclasses.field(default_factory=dict)  # any further MaxText keys, verbatim
+  # LM-head matmul for log-probs/logits: float32 (full-precision reference path) or the activation dtype
+  # with float32 accumulation; the log-softmax is float32 either way.
+  logits_dtype: str = "float32"
+
+  def validate(self, p):
+    for k in ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim",
+              "base_num_decoder_layers", "head_dim", "vocab_size", "max_target_length"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    _check(self.base_num_query_heads % self.base_num_kv_heads == 0, f"{p}.base_num_kv_heads",
+           f"must divide base_num_query_heads ({self.base_num_query_heads}), got {self.base_num_kv_heads}")
+    for k in ("dtype", "weight_dtype"):
+      _check(getattr(self, k) in ("float32", "bfloat16", "float16"), f"{p}.{k}",
+             f"must be float32/bfloat16/float16, got {getattr(self, k)!r}")
+    _check(self.normalization_layer_epsilon > 0, f"{p}.normalization_layer_epsilon", "must be > 0")
+    _check(self.logits_dtype in ("float32", "bfloat16"), f"{p}.logits_dtype",
+           f"must be float32/bfloat16, got {self.logits_dtype!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Device mesh in MaxText's terms. -1 on one ICI axis means: whatever the devices leave."""
+  ici_data_parallelism: int = 1
+  ici_fsdp_parallelism: int = -1
+  ici_tensor_parallelism: int = 1
+  ici_sequence_parallelism: int = 1
+  dcn_data_parallelism: int = 1
+  dcn_fsdp_parallelism: int = 1
+
+  def validate(self, p):
+    autos = [k for k, v in self.items() if v == -1]
+    _check(len(autos) <= 1, f"{p}.{autos[-1] if autos else ''}", "at most one mesh axis may be -1")
+    for k, v in self.items():
+      _check(v == -1 or v >= 1, f"{p}.{k}", f"must be >= 1 or -1, got {v}")
+
+  def items(self):
+    return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+  def batch_shards(self) -> int | None:
+    """Number of shards the batch axis is split over (data x fsdp, ICI x DCN), None if an axis is auto."""
+    v = [self.ici_data_parallelism, self.ici_fsdp_parallelism, self.dcn_data_parallelism,
+         self.dcn_fsdp_parallelism]
+    return None if -1 in v else math.prod(v)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  """AdamW + global-norm clipping (paper App. A). Constant learning rate within a phase."""
+  learning_rate: float = 5e-7
+  b1: float = 0.90
+  b2: float = 0.98
+  eps: float = 1e-8
+  weight_decay: float = 0.10
+  grad_clip: float = 1.0
+  # false (Megatron's default, the paper's stack): norm scales and biases are not decayed
+  decay_norms_and_biases: bool = False
+
+  def validate(self, p):
+    _check(self.learning_rate >= 0, f"{p}.learning_rate", f"must be >= 0, got {self.learning_rate}")
+    _check(0 <= self.b1 < 1, f"{p}.b1", f"must be in [0, 1), got {self.b1}")
+    _check(0 <= self.b2 < 1, f"{p}.b2", f"must be in [0, 1), got {self.b2}")
+    _check(self.eps > 0, f"{p}.eps", f"must be > 0, got {self.eps}")
+    _check(self.weight_decay >= 0, f"{p}.weight_decay", f"must be >= 0, got {self.weight_decay}")
+    _check(self.grad_clip > 0, f"{p}.grad_clip", f"must be > 0, got {self.grad_clip}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+  """Credit assignment and PPO (paper §2.3–2.4, App. A)."""
+  gamma_turn: float = 1.0
+  lambda_turn: float = 1.0
+  clip_low: float = 0.30
+  clip_high: float = 5.00
+  value_clip: float = 4.00
+  logprob_chunk: int = 1024
+  pad_multiple: int = 2048  # token rows are padded to a multiple of this (bounded set of compiled shapes)
+  # PPO passes over one rollout batch: rows split into `minibatches` updates, repeated `ppo_epochs` times,
+  # all against the same π_old / v_old. The paper (App. A: rollout batch = global batch) makes one optimizer
+  # update per rollout step, the default; more minibatches / epochs (the ratio clip then binds from the
+  # second update on) are a departure available by config.
+  minibatches: int = 1
+  ppo_epochs: int = 1
+  per_device_token_budget: int = 8192  # RESERVED (not yet in effect): token-budget packing
+  dynamic_balancing: bool = False  # RESERVED (not yet in effect): dynamic length balancing (RPR-2)
+
+  def validate(self, p):
+    for k in ("minibatches", "ppo_epochs"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    for k in ("gamma_turn", "lambda_turn"):
+      _check(0 <= getattr(self, k) <= 1, f"{p}.{k}", f"must be in [0, 1], got {getattr(self, k)}")
+    for k in ("clip_low", "clip_high", "value_clip"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    _check(self.clip_low < 1, f"{p}.clip_low", f"must be < 1 (ratio floor 1-clip_low > 0), got {self.clip_low}")
+    for k in ("logprob_chunk", "per_device_token_budget", "pad_multiple"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  global_batch: int = 256  # trajectories used per rollout step
+  requested: int = 288  # requested per step; the first global_batch to finish are used
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0  # 0 = off
+  max_new_tokens: int = 8192  # per turn
+  # longest prompt the sampler accepts (paper: 96,000); the engine bounds it too: sampler.max_cache_length - 1
+  # (paged) or sampler.max_prefill_length (slot / maxtext). Longer prompts get sampler.prompt_overflow
+  max_input_tokens: int = 96000
+  responses_per_task: int = 1  # episodes per drawn task in a rollout step (consecutive request indices)
+  # one-batch-ahead asynchrony (paper §3.1): the rollouts of step k+1 are collected while the learner trains
+  # on step k; a sample whose tokens are more than this many actor updates old is not trained on.
+  # 0 = synchronous (rollouts, then the update)
+  max_staleness: int = 1
+  # true: the used episodes are the first global_batch by request index (not by finishing time) and every
+  # sampler request is seeded from (run.seed, phase, step, request index, turn), so a run killed and resumed
+  # ends with the same weights as an uninterrupted one; false: the first global_batch to finish are used
+  deterministic: bool = False
+
+  def validate(self, p):
+    _check(self.global_batch > 0, f"{p}.global_batch", f"must be > 0, got {self.global_batch}")
+    _check(self.requested >= self.global_batch, f"{p}.requested",
+           f"must be >= global_batch ({self.global_batch}), got {self.requested}")
+    _check(self.temperature >= 0, f"{p}.temperature", f"must be >= 0, got {self.temperature}")
+    _check(0 < self.top_p <= 1, f"{p}.top_p", f"must be in (0, 1], got {self.top_p}")
+    _check(self.top_k >= 0, f"{p}.top_k", f"must be >= 0, got {self.top_k}")
+    _check(self.max_new_tokens > 0, f"{p}.max_new_tokens", "must be > 0")
+    _check(self.max_input_tokens > 0, f"{p}.max_input_tokens", "must be > 0")
+    _check(self.responses_per_task > 0, f"{p}.responses_per_task", f"must be > 0, got {self.responses_per_task}")
+    _check(self.max_staleness >= 0, f"{p}.max_staleness", f"must be >= 0, got {self.max_staleness}")
+    _check(not (self.deterministic and self.max_staleness > 0), f"{p}.deterministic",
+           "needs rollout.max_staleness=0 (with one-batch-ahead rollouts, which weights sample a token depends "
+           "on timing)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+  """FDR / SPR rewards from verifier reports (paper §2.2, App. B); see rsi_jax/rl/rewards.py, divisors.py."""
+  kind: str = "fdr"  # fdr | spr
+  fallback_divisor: float = 82.0  # for families without a divisor when no divisor_table is set
+  calibration_quantile: float = 0.90
+  divisor_table: str = ""  # path to a divisor table (JSON with provenance); "" = fallback for every family
+  hygiene_patterns: tuple = ()  # regexes (re.search on the CTRF test name) of checks excluded from P and N
+  # SPR recalibration between phases (offline). Rules in priority order: failure suppression, then long
+  # low-reward; families with fewer than recalibration_min_samples trajectories keep their divisor.
+  high_reward_failure_threshold: float = 0.5  # failures scoring at least this are "high-reward failures"
+  high_reward_failure_share: float = 0.25  # family share of such failures that triggers suppression
+  suppression_factor: float = 2.0  # divisor multiplier for failure suppression (paper: doubled)
+  long_low_reward_turns: int = 40  # a family is "long" when its median turns reach this
+  long_low_reward_mean: float = 0.25  # ... and "low-reward" when its mean reward is below this
+  long_low_reward_factor: float = 0.25  # divisor multiplier for long low-reward families (paper: quartered)
+  recalibration_min_samples: int = 5
+
+  def validate(self, p):
+    _check(self.kind in ("fdr", "spr"), f"{p}.kind", f"must be 'fdr' or 'spr', got {self.kind!r}")
+    _check(self.fallback_divisor > 0, f"{p}.fallback_divisor", f"must be > 0, got {self.fallback_divisor}")
+    _check(0 < self.calibration_quantile <= 1, f"{p}.calibration_quantile", "must be in (0, 1]")
+    for pat in self.hygiene_patterns:
+      try:
+        re.compile(pat)
+      except (re.error, TypeError) as e:
+        raise ConfigError(f"{p}.hygiene_patterns: {pat!r} is not a valid regex: {e}") from None
+    _check(self.high_reward_failure_threshold >= 0, f"{p}.high_reward_failure_threshold",
+           f"must be >= 0, got {self.high_reward_failure_threshold}")
+    _check(0 <= self.high_reward_failure_share <= 1, f"{p}.high_reward_failure_share",
+           f"must be in [0, 1], got {self.high_reward_failure_share}")
+    _check(self.long_low_reward_turns >= 0, f"{p}.long_low_reward_turns",
+           f"must be >= 0, got {self.long_low_reward_turns}")
+    _check(self.long_low_reward_mean >= 0, f"{p}.long_low_reward_mean",
+           f"must be >= 0, got {self.long_low_reward_mean}")
+    for k in ("suppression_factor", "long_low_reward_factor"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    _check(self.recalibration_min_samples >= 1, f"{p}.recalibration_min_samples",
+           f"must be >= 1, got {self.recalibration_min_samples}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+  num_slots: int = 8  # concurrent decode slots (continuous batching)
+  # longest prompt served whole: the shipped tasks' first prompts are 266-444 tokens and grow every turn
+  max_prefill_length: int = 8192
+  prefill_buckets: tuple = (512, 1024, 2048, 4096, 8192)
+  # positions per sequence, prompt included (paged: a block table's span; slot: allocated per slot; maxtext:
+  # max_prefill_length prompt entries + the rest for generated tokens)
+  max_cache_length: int = 104_192
+  swap_policy: str = "finish_on_old"  # finish_on_old | mark
+  prompt_overflow: str = "reject"  # prompt > max_prefill_length: reject (finish "prompt_too_long") | error | truncate_left
+  num_devices: int = 1  # devices of the sampling mesh (all on MaxText's tensor axis)
+  # paged: a pool of KV blocks with per-sequence block tables, chunked prefill, prefix reuse
+  # (rsi_jax/sampler/paged.py); slot: a per-slot KV cache of max_cache_length positions, whole-prompt MaxText
+  # prefill; maxtext: MaxText's own autoregressive mode (reference, slowest)
+  decode_impl: str = "paged"
+  decode_steps: int = 4  # decode steps per dispatch (one host round trip per this many tokens per slot)
+  attention_block: int = 512  # slot decode: cache positions per attention block (reads stop at the last used)
+  block_size: int = 64  # paged: positions per KV block
+  kv_blocks: int = 2048  # paged: blocks in the pool; 0 = num_slots x max_cache_length worth (the slot cache's)
+  prefill_chunk: int = 512  # paged: prompt tokens per prefill call (interleaved with decode steps)
+  prefix_cache: bool = True  # paged: reuse the keys of a cached prompt prefix (e.g. the episode's previous turn)
+
+  def validate(self, p):
+    _check(self.decode_impl in ("paged", "slot", "maxtext"), f"{p}.decode_impl",
+           f"must be 'paged', 'slot' or 'maxtext', got {self.decode_impl!r}")
+    _check(self.block_size >= 1, f"{p}.block_size", f"must be >= 1, got {self.block_size}")
+    _check(self.prefill_chunk >= 1, f"{p}.prefill_chunk", f"must be >= 1, got {self.prefill_chunk}")
+    per_seq = -(-self.max_cache_length // self.block_size)
+    _check(self.kv_blocks == 0 or self.kv_blocks >= per_seq, f"{p}.kv_blocks",
+           f"must be 0 (auto) or >= {per_seq} (one sequence of max_cache_length={self.max_cache_length} "
+           f"positions), got {self.kv_blocks}")
+    _check(self.decode_steps >= 1, f"{p}.decode_steps", f"must be >= 1, got {self.decode_steps}")
+    _check(self.attention_block >= 1, f"{p}.attention_block", f"must be >= 1, got {self.attention_block}")
+    _check(self.num_slots > 0, f"{p}.num_slots", f"must be > 0, got {self.num_slots}")
+    _check(self.max_prefill_length > 0, f"{p}.max_prefill_length", f"must be > 0, got {self.max_prefill_length}")
+    _check(self.prompt_overflow in ("reject", "error", "truncate_left"), f"{p}.prompt_overflow",
+           f"must be 'reject', 'error' or 'truncate_left', got {self.prompt_overflow!r}")
+    _check(self.num_devices > 0, f"{p}.num_devices", f"must be > 0, got {self.num_devices}")
+    _check(self.max_cache_length > self.max_prefill_length, f"{p}.max_cache_length",
+           f"must be > max_prefill_length ({self.max_prefill_length}): generated tokens need room")
+    _check(all(b > 0 for b in self.prefill_buckets), f"{p}.prefill_buckets", "must be positive")
+    _check(list(self.prefill_buckets) == sorted(self.prefill_buckets), f"{p}.prefill_buckets",
+           "must be increasing")
+    _check(all(b <= self.max_prefill_length for b in self.prefill_buckets), f"{p}.prefill_buckets",
+           f"must not exceed max_prefill_length ({self.max_prefill_length})")
+    _check(self.swap_policy in ("finish_on_old", "mark"), f"{p}.swap_policy",
+           f"must be 'finish_on_old' or 'mark', got {self.swap_policy!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+  tasks_dir: str = "tasks"
+  max_tasks: int = 0  # the task pool: 0 = every task in tasks_dir, else this many, round-robin over families
+  base_image: str = "rsi-base"
+  # upstream base image (glob, first match wins) -> local image, for images not available locally; merged over
+  # rsi_jax.env.tasks.DEFAULT_IMAGE_MAP (ubuntu, debian, python, buildpack-deps, Terminal-Bench -> the family)
+  image_map: dict = dataclasses.field(default_factory=dict)
+  docker_hosts: tuple = ()  # () = the local daemon (DOCKER_HOST or the default socket)
+  concurrency: int = 4
+  network: str = "none"
+  command_timeout_s: float = 60.0
+  agent_timeout_s: float = 900.0
+  verifier_timeout_s: float = 300.0
+  output_cap_bytes: int = 10_000
+  max_turns: int = 32
+  summarize_threshold_tokens: int = 32_000
+  harness: str = "json"
+  build_network: str = "host"  # network of task image builds: none | host | default (pip/apt/uv at build time)
+  # CA bundle those builds trust: "" = the host's (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, PIP_CERT, CURL_CA_BUNDLE),
+  # a PEM file, or "none"; needed behind TLS-inspecting proxies
+  build_ca_bundle: str = ""
+  pids_limit: int = 512  # per container, unless the task sets environment.pids
+  disk_limit: str = "10G"  # what one container may write, unless the task sets environment.storage
+
+  def validate(self, p):
+    _check(self.concurrency > 0, f"{p}.concurrency", f"must be > 0, got {self.concurrency}")
+    _check(self.max_tasks >= 0, f"{p}.max_tasks", f"must be >= 0 (0 = all), got {self.max_tasks}")
+    _check(self.network in ("none", "host", "bridge"), f"{p}.network",
+           f"must be none/host/bridge, got {self.network!r}")
+    _check(self.build_network in ("none", "host", "default"), f"{p}.build_network",
+           f"must be none/host/default, got {self.build_network!r}")
+    _check(self.harness in ("json", "xml", "oracle"), f"{p}.harness",
+           f"must be json/xml/oracle, got {self.harness!r}")
+    _check(self.pids_limit > 0, f"{p}.pids_limit", f"must be > 0, got {self.pids_limit}")
+    _check(self.build_ca_bundle in ("", "none") or Path(self.build_ca_bundle).is_file(), f"{p}.build_ca_bundle",
+           f"must be '', 'none' or an existing PEM file, got {self.build_ca_bundle!r}")
+    try:
+      from rsi_jax.env.tasks import parse_memory
+      parse_memory(self.disk_limit)
+    except ValueError:
+      _check(False, f"{p}.disk_limit", f"must be a size such as \"10G\", got {self.disk_limit!r}")
+    for k, v in self.image_map.items():
+      _check(isinstance(v, str) and v != "", f"{p}.image_map.{k}", f"must map to an image name, got {v!r}")
+    for k in ("command_timeout_s", "agent_timeout_s", "verifier_timeout_s"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    for k in ("output_cap_bytes", "max_turns", "summarize_threshold_tokens"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RSRConfig:
+  """The RSR funnel (paper §2.1, App. D; :mod:`rsi_jax.rsr`)."""
+  harnesses: tuple = ("json", "xml")  # H: the harnesses discovery runs every task under
+  discovery_attempts: int = 1  # discovery episodes per task and harness
+  # K: runbooks planned per verified discovery; 0 = the runbook stage off (verified self-imitation: the
+  # discovery episodes that verify and pass the leakage screen are Q_clean themselves; labelled as such)
+  num_runbooks: int = 4
+  num_repeats: int = 4  # M: fresh executions per accepted runbook
+  families: tuple = ()  # task families (category) of the pool the funnel runs on; () = every task
+  max_tasks: int = 0  # of those, 0 = all, else this many (the first of each family, round-robin over families)
+  target_harness: str = "json"  # H0: fresh execution and the stored SFT trajectories
+  policy: str = "actor"  # actor | scripted (a test double that knows the reference solutions: smoke runs, tests)
+  judge: bool = False  # also ask the actor to review runbooks the rules accept (it can only reject)
+  plan_template: str = "configs/rsr/plan.md"  # I_plan
+  exec_template: str = "configs/rsr/exec.md"  # I_exec
+  judge_template: str = "configs/rsr/judge.md"
+  runbook_max_tokens: int = 1024  # the planner's completion limit
+  transcript_output_chars: int = 2000  # C(τ): each command's output cut to this many characters
+
+  def validate(self, p):
+    known = ("json", "xml")
+    _check(len(self.harnesses) > 0 and all(h in known for h in self.harnesses)
+           and len(set(self.harnesses)) == len(self.harnesses), f"{p}.harnesses",
+           f"must list distinct harnesses of {list(known)}, got {list(self.harnesses)}")
+    for k in ("discovery_attempts", "num_repeats", "runbook_max_tokens", "transcript_output_chars"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    _check(self.num_runbooks >= 0, f"{p}.num_runbooks", f"must be >= 0 (0: runbook stage off), got {self.num_runbooks}")
+    _check(self.max_tasks >= 0, f"{p}.max_tasks", f"must be >= 0 (0: every task), got {self.max_tasks}")
+    _check(all(isinstance(f, str) and f for f in self.families), f"{p}.families",
+           f"must list task families (names), got {list(self.families)}")
+    _check(self.target_harness in known, f"{p}.target_harness", f"must be json/xml, got {self.target_harness!r}")
+    _check(self.policy in ("actor", "scripted"), f"{p}.policy", f"must be actor/scripted, got {self.policy!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """Evaluation (``python -m rsi_jax.eval`` and the training program's in-training evaluation)."""
+  tasks_dir: str = ""  # the evaluation suite; "" = none during training, env.tasks_dir for python -m rsi_jax.eval
+  max_tasks: int = 0  # 0 = every task of the suite, else this many (round-robin over families)
+  repeats: int = 3  # R of Mean@R / pass@R
+  harness: str = "json"  # json | xml (the actor) | oracle (reference solutions)
+  infra_retries: int = 2  # an attempt that failed for infrastructure reasons is run again up to this often
+  temperature: float = 0.6  # the paper's evaluation protocol
+  top_p: float = 0.95
+  max_new_tokens: int = 8192
+
+  def validate(self, p):
+    _check(self.repeats > 0, f"{p}.repeats", f"must be > 0, got {self.repeats}")
+    _check(self.max_tasks >= 0, f"{p}.max_tasks", f"must be >= 0 (0 = all), got {self.max_tasks}")
+    _check(self.infra_retries >= 0, f"{p}.infra_retries", f"must be >= 0, got {self.infra_retries}")
+    _check(self.harness in ("json", "xml", "oracle"), f"{p}.harness", f"must be json/xml/oracle, got {self.harness!r}")
+    _check(self.temperature >= 0, f"{p}.temperature", f"must be >= 0, got {self.temperature}")
+    _check(0 < self.top_p <= 1, f"{p}.top_p", f"must be in (0, 1], got {self.top_p}")
+    _check(self.max_new_tokens > 0, f"{p}.max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+  """The phase plan. A phase's kind comes from its name: ``rsrN`` (Recursive Self-Rewrite, actor-only SFT),
+  ``critic_seed`` (critic-only updates, actor frozen), ``rprN`` (Recursive Policy-Refine, PPO)."""
+  phases: tuple = ("rsr1", "critic_seed", "rpr1", "rsr2", "rpr2")
+  rollout_steps: int = 36  # per RPR phase
+  critic_only_steps: int = 4  # at the start of each RPR phase (actor frozen)
+  critic_seed_epochs: int = 1  # critic seed: passes over the task pool (rollout steps = epochs x pool / batch)
+  checkpoint_every: int = 5  # phase steps between checkpoints (a phase's last step is always saved)
+  keep_checkpoints: int = 3  # per phase, the newest kept (the phase's final one is always the newest)
+  eval_every: int = 10  # phase steps between in-training evaluations on eval.tasks_dir (and at each phase's end)
+  checkpoint_dir: str = ""  # "" = <run.output_dir>/<run.name>/checkpoints; may be an object-store URL
+  sft_epochs: int = 1  # RSR: passes over the verified trajectories, rollout.global_batch per update
+  micro_batch: int = 0  # RESERVED (not yet in effect): gradient accumulation
+  # Where a phase's weights come from, by phase name: "previous" (the default: the previous phase's output;
+  # the first phase's actor starts from model.hf_path or a fresh init), "init" (actor: model.hf_path or a
+  # fresh init; critic: the phase's starting actor backbone + a fresh value head, the critic seed's default)
+  # or a checkpoint folder (an Orbax step folder, or a phase folder whose newest step is taken).
+  actor_from: dict = dataclasses.field(default_factory=dict)
+  critic_from: dict = dataclasses.field(default_factory=dict)
+  # Per-phase config overrides from a run file or the command line ({phase: {section: {key: value}}}), over
+  # configs/phases/<phase>.yml; plain command-line key=value overrides win over both.
+  phase_overrides: dict = dataclasses.field(default_factory=dict)
+
+  def validate(self, p):
+    _check(len(self.phases) > 0, f"{p}.phases", "must name at least one phase")
+    for ph in self.phases:
+      _check(phase_kind(ph) is not None, f"{p}.phases",
+             f"unknown phase {ph!r} (known: rsr<N>, critic_seed, rpr<N>)")
+    _check(len(set(self.phases)) == len(self.phases), f"{p}.phases", f"a phase is listed twice: {list(self.phases)}")
+    for k in ("actor_from", "critic_from", "phase_overrides"):
+      for ph, v in getattr(self, k).items():
+        _check(ph in self.phases, f"{p}.{k}.{ph}", f"not a phase of the plan {list(self.phases)}")
+        if k != "phase_overrides":
+          _check(isinstance(v, str) and v != "", f"{p}.{k}.{ph}",
+                 f"must be 'previous', 'init' or a checkpoint path, got {v!r}")
+        else:
+          _check(isinstance(v, Mapping), f"{p}.{k}.{ph}", f"must be a mapping of config sections, got {v!r}")
+    _check(self.rollout_steps > 0, f"{p}.rollout_steps", "must be > 0")
+    _check(0 <= self.critic_only_steps <= self.rollout_steps, f"{p}.critic_only_steps",
+           f"must be in [0, rollout_steps={self.rollout_steps}], got {self.critic_only_steps}")
+    for k in ("critic_seed_epochs", "checkpoint_every", "keep_checkpoints", "eval_every", "sft_epochs"):
+      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    _check(self.micro_batch >= 0, f"{p}.micro_batch", f"must be >= 0, got {self.micro_batch}")
+
+
+PHASE_KINDS = {"rsr": r"rsr\d+", "critic_seed": r"critic_seed", "rpr": r"rpr\d+"}
+
+
+def phase_kind(name: str) -> str | None:
+  """``rsr`` | ``critic_seed`` | ``rpr`` for a phase name (``rsr1``, ``critic_seed``, ``rpr2``), else None."""
+  for kind, pat in PHASE_KINDS.items():
+    if re.fullmatch(pat, str(name)):
+      return kind
+  return None
+
+
+# Keys kept in the schema for work that will bring them to life; until then only their default is accepted,
+# so a setting never silently does nothing.
+RESERVED_KEYS = {
+    "rl.per_device_token_budget": "token-budget packing is not implemented yet",
+    "rl.dynamic_balancing": "dynamic length balancing is not implemented yet",
+    "pipeline.micro_batch": "gradient accumulation is not implemented yet",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  run: RunConfig = dataclasses.field(default_factory=RunConfig)
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+  actor_optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+  critic_optim: OptimConfig = dataclasses.field(
+      default_factory=lambda: OptimConfig(learning_rate=1.5e-5, grad_clip=100.0))
+  rl: RLConfig = dataclasses.field(default_factory=RLConfig)
+  rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+  reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+  sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
+  env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+  rsr: RSRConfig = dataclasses.field(default_factory=RSRConfig)
+  eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+  pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
+
+  def validate(self, p=""):
+    for f in dataclasses.fields(self):
+      getattr(self, f.name).validate(f.name)
+    for key, why in RESERVED_KEYS.items():
+      sec, name = key.split(".")
+      want = getattr(_SECTION_DEFAULTS[sec], name)
+      _check(getattr(getattr(self, sec), name) == want, key,
+             f"not yet in effect ({why}); only the default {want!r} is accepted")
+    shards = self.mesh.batch_shards()
+    if shards is not None:
+      _check(self.rollout.global_batch % shards == 0, "rollout.global_batch",
+             f"must be divisible by the mesh's batch shards (data x fsdp = {shards}), "
+             f"got {self.rollout.global_batch}")
+
+  def to_dict(self) -> dict:
+    return _to_plain(self)
+
+
+_SECTION_DEFAULTS = {f.name: f.default_factory() for f in dataclasses.fields(Config)}
+
+
+# ----------------------------------------------------------------------------------------------- loading
+
+_META_KEYS = ("base_config", "model_name")
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Config:
+  """Load a YAML run file (with ``base_config`` inheritance) and apply ``key=value`` overrides."""
+  tree: dict = {}
+  if path is not None:
+    tree = _load_yaml_chain(Path(path))
+  ov = parse_overrides(overrides)
+  # model_name may itself be overridden on the command line.
+  model_name = tree.pop("model_name", None)
+  if "model_name" in ov:
+    model_name = ov.pop("model_name").raw
+  tree.pop("base_config", None)
+  if model_name is not None:
+    model_tree = load_model_file(str(model_name))
+    tree["model"] = _deep_merge(model_tree, tree.get("model", {}) or {})
+  tree = _deep_merge(tree, _nest(ov))
+  return build_config(tree)
+
+
+def load_cli_config(path: str, overrides: Sequence[str]) -> Config:
+  """For entry points: the config, or a one-line error naming the key on stderr and exit status 2."""
+  try:
+    return load_config(path, overrides)
+  except ConfigError as e:
+    print(f"config error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
+
+
+def load_model_file(name: str) -> dict:
+  f = CONFIG_DIR / "models" / f"{name}.yml"
+  if not f.exists():
+    known = sorted(x.stem for x in (CONFIG_DIR / "models").glob("*.yml"))
+    raise ConfigError(f"model_name: no model file {f} (known: {known})")
+  data = _read_yaml(f)
+  data.setdefault("name", name)
+  return data
+
+
+def load_phase_overlay(phase: str) -> dict:
+  """The overlay ``configs/phases/<phase>.yml`` (a nested dict of section overrides), {} if absent."""
+  f = CONFIG_DIR / "phases" / f"{phase}.yml"
+  return _read_yaml(f) if f.exists() else {}
+
+
+def build_config(tree: Mapping[str, Any]) -> Config:
+  """Typed, validated Config from a nested dict. Unknown keys and wrong types raise ConfigError.
+
+  Missing keys take the defaults of ``Config()`` (so a partial ``critic_optim`` keeps the critic's own
+  learning rate and clip, not ``OptimConfig``'s)."""
+  cfg = _build(Config, _deep_merge(Config().to_dict(), tree), "")
+  cfg.validate()
+  return cfg
+
+
+def with_overrides(cfg: Config, overrides: Mapping[str, Any] | Sequence[str]) -> Config:
+  """A new validated Config with nested-dict or ``key=value`` overrides applied."""
+  if not isinstance(overrides, Mapping):
+    overrides = _nest(parse_overrides(overrides))
+  return build_config(_deep_merge(cfg.to_dict(), dict(overrides)))
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+  """``["a.b=1", "name=x"]`` -> ``{"a.b": 1, "name": "x"}`` (values parsed as YAML, raw text kept)."""
+  out: dict[str, Any] = {}
+  for item in overrides:
+    if "=" not in item:
+      raise ConfigError(f"override {item!r}: expected key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip().lstrip("-")
+    if not key:
+      raise ConfigError(f"override {item!r}: empty key")
+    try:
+      value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+      value = raw
+    # Keep the raw text so str fields receive exactly what was typed (e.g. name=007).
+    out[key] = _RawValue(value, raw)
+  return out
+
+
+# ----------------------------------------------------------------------------------------------- internals
+
+
+class _RawValue:
+  """A YAML-parsed override value that remembers the text it came from."""
+
+  __slots__ = ("value", "raw")
+
+  def __init__(self, value, raw):
+    self.value, self.raw = value, raw
+
+  def __repr__(self):
+    return repr(self.value)
+
+
+def _check(ok: bool, key: str, msg: str):
+  if not ok:
+    raise ConfigError(f"{key}: {msg}")
+
+
+def _read_yaml(f: Path) -> dict:
+  try:
+    data = yaml.safe_load(f.read_text()) or {}
+  except yaml.YAMLError as e:
+    raise ConfigError(f"{f}: invalid YAML: {e}") from None
+  except OSError as e:
+    raise ConfigError(f"{f}: cannot read: {e}") from None
+  if not isinstance(data, dict):
+    raise ConfigError(f"{f}: top level must be a mapping, got {type(data).__name__}")
+  return data
+
+
+def _load_yaml_chain(path: Path, seen: tuple = ()) -> dict:
+  if not path.exists():
+    alt = CONFIG_DIR / path
+    if alt.exists():
+      path = alt
+    else:
+      raise ConfigError(f"config file {path} does not exist")
+  path = path.resolve()
+  if path in seen:
+    raise ConfigError(f"base_config: cycle through {path}")
+  data = _read_yaml(path)
+  base = data.pop("base_config", None)
+  if base is None:
+    return data
+  base_path = (path.parent / base) if not os.path.isabs(base) else Path(base)
+  parent = _load_yaml_chain(base_path, seen + (path,))
+  # The child's model_name wins over the parent's.
+  return _deep_merge(parent, data)
+
+
+def _nest(flat: Mapping[str, Any]) -> dict:
+  out: dict = {}
+  for key, v in flat.items():
+    parts = key.split(".")
+    d = out
+    for part in parts[:-1]:
+      d = d.setdefault(part, {})
+      if not isinstance(d, dict):
+        raise ConfigError(f"{key}: {part} is not a section")
+    d[parts[-1]] = v
+  return out
+
+
+def _deep_merge(a: Mapping, b: Mapping) -> dict:
+  out = dict(a)
+  for k, v in b.items():
+    if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+      out[k] = _deep_merge(out[k], v)
+    else:
+      out[k] = v
+  return out
+
+
+def _build(cls, tree, prefix: str):
+  if isinstance(tree, _RawValue):
+    tree = tree.value
+  if not isinstance(tree, Mapping):
+    raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(tree).__name__}")
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  unknown = [k for k in tree if k not in fields and not (prefix == "" and k in _META_KEYS)]
+  if unknown:
+    raise ConfigError(f"{prefix + '.' if prefix else ''}{unknown[0]}: unknown config key "
+                      f"(known in {prefix or 'the top level'}: {sorted(fields)})")
+  hints = typing.get_type_hints(cls)
+  kwargs = {}
+  for name in fields:
+    if name not in tree:
+      continue
+    key = f"{prefix}.{name}" if prefix else name
+    typ = hints[name]
+    kwargs[name] = _build(typ, tree[name], key) if dataclasses.is_dataclass(typ) else _coerce(
+        tree[name], typ, key)
+  return cls(**kwargs)
+
+
+def _coerce(value, typ, key):
+  raw = None
+  if isinstance(value, _RawValue):
+    value, raw = value.value, value.raw
+  origin = typing.get_origin(typ)
+  if origin in (typing.Union, types.UnionType):
+    args = [a for a in typing.get_args(typ) if a is not type(None)]
+    if value is None:
+      return None
+    return _coerce(_RawValue(value, raw), args[0], key)
+  if typ is bool:
+    if isinstance(value, bool):
+      return value
+    raise ConfigError(f"{key}: expected true/false, got {value!r}")
+  if typ is int:
+    if isinstance(value, int) and not isinstance(value, bool):
+      return value
+    if isinstance(value, float) and value.is_integer():
+      return int(value)
+    raise ConfigError(f"{key}: expected an integer, got {value!r}")
+  if typ is float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      return float(value)
+    if isinstance(value, str):
+      try:
+        return float(value)  # YAML 1.1 reads "1e-7" as a string
+      except ValueError:
+        pass
+    raise ConfigError(f"{key}: expected a number, got {value!r}")
+  if typ is str:
+    if raw is not None:
+      return raw
+    if isinstance(value, str):
+      return value
+    raise ConfigError(f"{key}: expected a string, got {value!r}")
+  if typ is tuple or origin is tuple:
+    if isinstance(value, str) and raw is not None:
+      value = [x for x in value.split(",") if x] if "," in value else [value]
+    if not isinstance(value, (list, tuple)):
+      raise ConfigError(f"{key}: expected a list, got {value!r}")
+    return tuple(_freeze(v) for v in value)
+  if typ is dict or origin is dict:
+    if not isinstance(value, Mapping):
+      raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+    return types.MappingProxyType({str(k): _freeze(v) for k, v in value.items()})
+  raise ConfigError(f"{key}: unsupported type {typ}")
+
+
+def _freeze(v):
+  if isinstance(v, _RawValue):  # a dict entry given on the command line (pipeline.actor_from.rpr1=init)
+    return v.raw if isinstance(v.value, str) else _freeze(v.value)
+  if isinstance(v, list):
+    return tuple(_freeze(x) for x in v)
+  if isinstance(v, dict):
+    return types.MappingProxyType({k: _freeze(x) for k, x in v.items()})
+  return v
+
+
+def _to_plain(obj):
+  if dataclasses.is_dataclass(obj):
+    return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+  if isinstance(obj, Mapping):
+    return {k: _to_plain(v) for k, v in obj.items()}
+  if isinstance(obj, tuple):
+    return [_to_plain(v) for v in obj]
+  return obj
+
+
+def dump_config(cfg: Config) -> str:
+  return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -1,0 +1,219 @@
+"""A generated task family suite for the learning check (``scripts/learn_check.sh``): real Harbor-layout task
+folders from templates, each solved by one shell command, verified by its own pytest tests in the sandbox
+(one check per task, which an untouched container fails: no reward for doing nothing).
+
+Six templates (the task's family is the template's name), each with parameters drawn from small vocabularies
+of file names and words:
+
+==============  =====================================================  ==========================================
+family          instruction (abridged)                                 reference solution
+==============  =====================================================  ==========================================
+write-word      create /app/{a}.txt holding the line {w}               ``echo {w} > /app/{a}.txt``
+copy-file       copy /app/data/{a}.txt to /app/{b}.txt                 ``cp /app/data/{a}.txt /app/{b}.txt``
+make-dir        create the directory /app/{a}/{b}                      ``mkdir -p /app/{a}/{b}``
+count-lines     the number of lines of /app/data/{a}.txt -> {b}.txt    ``wc -l < /app/data/{a}.txt > ...``
+upper-case      /app/data/{a}.txt in upper case -> /app/{b}.txt        ``tr a-z A-Z < ... > /app/{b}.txt``
+find-word       the lines of /app/data/log.txt holding {w} -> {b}.txt  ``grep {w} /app/data/log.txt > ...``
+==============  =====================================================  ==========================================
+
+:func:`make_suite` writes a train split and a held-out split that share no (template, parameters)
+combination: per template, the combinations are shuffled with the seed and dealt to held-out first, then
+train. Data files (inputs the commands read) are derived from the parameters, so a task folder is the same for
+the same seed. ``python scripts/make_learn_tasks.py OUT`` writes a suite from the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import random
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+NAMES = ("alpha", "beta", "gamma", "delta", "notes", "report", "items", "batch")
+WORDS = ("apple", "banana", "cherry", "lemon", "mango", "olive", "pepper", "tomato")
+LOG_WORDS = ("error", "warning", "info", "debug")
+
+
+def _lines(key: str, n: int) -> list[str]:
+  rng = random.Random(hashlib.sha256(key.encode()).hexdigest())
+  return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3))) for _ in range(n)]
+
+
+def _count(key: str) -> int:
+  return 2 + int(hashlib.sha256(key.encode()).hexdigest(), 16) % 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Template:
+  name: str
+  params: Callable[[], list[tuple]]  # every parameter combination
+  instruction: Callable[..., str]
+  solution: Callable[..., str]
+  files: Callable[..., dict]  # {path under /app: content}
+  checks: Callable[..., str]  # pytest source (functions) checking the outcome
+
+
+def _log(w: str) -> list[str]:
+  rng = random.Random(f"log-{w}")
+  lines = [f"{rng.choice(LOG_WORDS)}: {' '.join(rng.sample(WORDS, 2))} {i}" for i in range(12)]
+  return lines + [f"info: {w} checked"]
+
+
+TEMPLATES = (
+    Template(
+        "write-word", lambda: list(itertools.product(NAMES, WORDS)),
+        lambda a, w: f"Create the file /app/{a}.txt containing exactly one line: {w}",
+        lambda a, w: f"echo {w} > /app/{a}.txt",
+        lambda a, w: {},
+        lambda a, w: (f"def test_file_holds_the_word():\n"
+                      f"  assert Path('/app/{a}.txt').read_text() == {w + chr(10)!r}\n")),
+    Template(
+        "copy-file", lambda: [p for p in itertools.permutations(NAMES, 2)],
+        lambda a, b: f"Copy the file /app/data/{a}.txt to /app/{b}.txt",
+        lambda a, b: f"cp /app/data/{a}.txt /app/{b}.txt",
+        lambda a, b: {f"data/{a}.txt": "\n".join(_lines(f"copy-{a}-{b}", 4)) + "\n"},
+        lambda a, b: (f"def test_copy_is_identical():\n"
+                      f"  assert Path('/app/{b}.txt').read_bytes() == Path('/tests/data/{a}.txt').read_bytes()\n")),
+    Template(
+        "make-dir", lambda: [p for p in itertools.permutations(NAMES, 2)],
+        lambda a, b: f"Create the directory /app/{a}/{b}",
+        lambda a, b: f"mkdir -p /app/{a}/{b}",
+        lambda a, b: {},
+        lambda a, b: (f"def test_directory_exists():\n"
+                      f"  assert Path('/app/{a}/{b}').is_dir()\n")),
+    Template(
+        "count-lines", lambda: [p for p in itertools.permutations(NAMES, 2)],
+        lambda a, b: f"Write the number of lines in /app/data/{a}.txt to /app/{b}.txt",
+        lambda a, b: f"wc -l < /app/data/{a}.txt > /app/{b}.txt",
+        lambda a, b: {f"data/{a}.txt": "\n".join(_lines(f"count-{a}-{b}", _count(f"{a}-{b}"))) + "\n"},
+        lambda a, b: (f"def test_count():\n"
+                      f"  assert Path('/app/{b}.txt').read_text().strip() == '{_count(f'{a}-{b}')}'\n")),
+    Template(
+        "upper-case", lambda: [p for p in itertools.permutations(NAMES, 2)],
+        lambda a, b: f"Write the contents of /app/data/{a}.txt in upper case to /app/{b}.txt",
+        lambda a, b: f"tr a-z A-Z < /app/data/{a}.txt > /app/{b}.txt",
+        lambda a, b: {f"data/{a}.txt": "\n".join(_lines(f"upper-{a}-{b}", 3)) + "\n"},
+        lambda a, b: (f"def test_upper_case():\n"
+                      f"  assert Path('/app/{b}.txt').read_text() == Path('/tests/data/{a}.txt').read_text().upper()\n")),
+    Template(
+        "find-word", lambda: list(itertools.product(WORDS, NAMES)),
+        lambda w, b: f"Write every line of /app/data/log.txt that contains the word {w} to /app/{b}.txt",
+        lambda w, b: f"grep {w} /app/data/log.txt > /app/{b}.txt",
+        lambda w, b: {"data/log.txt": "\n".join(_log(w)) + "\n"},
+        lambda w, b: (f"def test_matching_lines():\n"
+                      f"  want = [x for x in Path('/tests/data/log.txt').read_text().splitlines() if {w!r} in x]\n"
+                      f"  assert Path('/app/{b}.txt').read_text().splitlines() == want\n")),
+)
+BY_NAME = {t.name: t for t in TEMPLATES}
+
+TASK_TOML = """version = "1.0"
+
+[metadata]
+author_name = "rsi_jax"
+difficulty = "easy"
+category = "{family}"
+tags = ["generated", "learn-check"]
+
+[verifier]
+timeout_sec = 60.0
+
+[agent]
+timeout_sec = 120.0
+
+[environment]
+build_timeout_sec = 300.0
+cpus = 1
+memory = "512M"
+storage = "256M"
+"""
+
+TEST_SH = """#!/bin/bash
+unset PYTEST_ADDOPTS
+mkdir -p /logs/verifier
+cd /tests || exit 1
+PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 /usr/bin/python3 -I -m pytest -p ctrf.main -p no:cacheprovider \\
+  --ctrf /logs/verifier/ctrf.json -rA test_outputs.py
+if [ $? -eq 0 ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+"""
+
+
+def task_name(template: Template, params: tuple) -> str:
+  return "-".join((template.name, *params))
+
+
+def write_task(root: Path, template: Template, params: tuple, base_image: str = "rsi-base") -> Path:
+  """One Harbor-layout task folder ``root/<template>-<params>``."""
+  d = root / task_name(template, params)
+  if d.exists():
+    shutil.rmtree(d)
+  (d / "environment").mkdir(parents=True)
+  (d / "solution").mkdir()
+  (d / "tests").mkdir()
+  files = template.files(*params)
+  docker = [f"FROM {base_image}", "WORKDIR /app"]
+  for rel, text in files.items():
+    for where in (d / "environment" / rel, d / "tests" / rel):  # the tests keep a pristine copy of the inputs
+      where.parent.mkdir(parents=True, exist_ok=True)
+      where.write_text(text)
+  if files:
+    docker.append("COPY data /app/data")
+  (d / "environment" / "Dockerfile").write_text("\n".join(docker) + "\n")
+  (d / "instruction.md").write_text(template.instruction(*params) + "\n")
+  (d / "task.toml").write_text(TASK_TOML.format(family=template.name))
+  (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\n{template.solution(*params)}\n")
+  (d / "tests" / "test.sh").write_text(TEST_SH)
+  (d / "tests" / "test_outputs.py").write_text(
+      f'"""Generated checks for {d.name}."""\n\nfrom pathlib import Path\n\n\n{template.checks(*params)}')
+  for f in (d / "solution" / "solve.sh", d / "tests" / "test.sh"):
+    f.chmod(0o755)
+  return d
+
+
+def split(seed: int, train_per_template: int, heldout_per_template: int,
+          templates: Sequence[str] = ()) -> dict[str, list[tuple[Template, tuple]]]:
+  """{"train": [...], "heldout": [...]} of (template, parameters); no combination is in both."""
+  out: dict[str, list] = {"train": [], "heldout": []}
+  for t in TEMPLATES:
+    if templates and t.name not in templates:
+      continue
+    combos = sorted(t.params())
+    random.Random(f"{seed}-{t.name}").shuffle(combos)
+    if heldout_per_template + train_per_template > len(combos):
+      raise ValueError(f"template {t.name} has {len(combos)} parameter combinations, fewer than "
+                       f"{heldout_per_template} held-out + {train_per_template} train")
+    out["heldout"] += [(t, p) for p in combos[:heldout_per_template]]
+    out["train"] += [(t, p) for p in combos[heldout_per_template:heldout_per_template + train_per_template]]
+  return out
+
+
+def make_suite(out_dir, *, seed: int = 0, train_per_template: int = 24, heldout_per_template: int = 4,
+               templates: Sequence[str] = (), base_image: str = "rsi-base") -> dict[str, Path]:
+  """Write ``out_dir/train`` and ``out_dir/heldout`` (and ``out_dir/suite.json``: what was generated);
+  returns {"train": path, "heldout": path}."""
+  unknown = sorted(set(templates) - set(BY_NAME))
+  if unknown:
+    raise ValueError(f"unknown template(s) {unknown}; known: {sorted(BY_NAME)}")
+  out = Path(out_dir)
+  parts = split(seed, train_per_template, heldout_per_template, templates)
+  paths = {}
+  for name, items in parts.items():
+    root = out / name
+    if root.exists():
+      shutil.rmtree(root)
+    root.mkdir(parents=True)
+    for t, p in items:
+      write_task(root, t, p, base_image)
+    paths[name] = root
+  (out / "suite.json").write_text(json.dumps(
+      {"seed": seed, "train_per_template": train_per_template, "heldout_per_template": heldout_per_template,
+       "templates": [t.name for t in TEMPLATES if not templates or t.name in templates],
+       **{k: [task_name(t, p) for t, p in v] for k, v in parts.items()}}, indent=1) + "\n")
+  return paths

@@ -1,0 +1,483 @@
+"""Terminal task loading: Harbor / Terminal-Bench 2 and Terminal-Bench 1 folders, read unchanged (SPEC §6).
+
+Harbor / TB2 layout (``task.toml`` marks it)::
+
+    <task>/instruction.md            public instruction shown to the agent
+    <task>/task.toml                 [metadata] difficulty, category, tags; [verifier] timeout_sec;
+                                     [agent] timeout_sec; [environment] cpus, memory ("2G"), storage, ...
+    <task>/environment/Dockerfile    build context = environment/
+    <task>/tests/test.sh             protected verifier (+ test files); copied to /tests after the agent
+    <task>/solution/solve.sh         reference solution
+
+Terminal-Bench 1 layout (``task.yaml`` marks it)::
+
+    <task>/task.yaml                 instruction, difficulty, category, tags, max_agent_timeout_sec,
+                                     max_test_timeout_sec, parser_name, ...
+    <task>/Dockerfile                build context = the task folder (minus tests and solution)
+    <task>/run-tests.sh, tests/      copied together to /tests after the agent (TEST_DIR=/tests)
+    <task>/solution.sh               reference solution
+
+Upstream base images are unreachable here (no registry), so :func:`resolve_base_image` rewrites a ``FROM``
+that is not available locally through the configured image map (glob patterns, first match wins).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import logging
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+LAYOUT_HARBOR = "harbor"
+LAYOUT_TB1 = "tb1"
+DEFAULT_AGENT_TIMEOUT_S = 900.0
+DEFAULT_VERIFIER_TIMEOUT_S = 300.0
+DEFAULT_BUILD_TIMEOUT_S = 600.0
+DEFAULT_MEMORY = "2G"
+DEFAULT_CPUS = 1.0
+# Upstream base images -> the local image family (scripts/build_base_image.sh): (glob on the canonical
+# reference, suite, build tools?), first match wins; env.image_map entries take precedence. Each suite gives
+# what the upstream image has: the distribution release (Ubuntu 24.04 -> noble) or, for python:*, the
+# Python version (3.13 -> trixie, 3.12 -> noble, 3.11 -> bookworm, 3.10 -> jammy); full python and
+# buildpack-deps images have compilers and headers (the -build variant), -slim ones do not.
+_PYTHON_SUITES = (("3.14", "trixie"), ("3.13", "trixie"), ("3.12", "noble"), ("3.11", "bookworm"),
+                  ("3.10", "jammy"), ("3.[0-9]", "bookworm"), ("3", "trixie"), ("latest", "trixie"))
+DEFAULT_IMAGE_MAP: tuple[tuple[str, str, bool], ...] = (
+    *((p, "noble", False) for p in ("ubuntu:24.04*", "ubuntu:noble*", "ubuntu:2[4-9].*", "ubuntu:latest",
+                                     "ubuntu:rolling", "ubuntu:devel")),
+    ("ubuntu:*", "jammy", False),  # 22.04 and older
+    *((p, "trixie", False) for p in ("debian:trixie*", "debian:13*", "debian:testing*", "debian:sid*",
+                                      "debian:unstable*", "debian:latest", "debian:stable*")),
+    ("debian:*", "bookworm", False),
+    *((p, "noble", True) for p in ("buildpack-deps:noble*", "buildpack-deps:24.04*")),
+    *((p, "jammy", True) for p in ("buildpack-deps:jammy*", "buildpack-deps:22.04*", "buildpack-deps:focal*",
+                                    "buildpack-deps:20.04*", "buildpack-deps:bionic*")),
+    *((p, "trixie", True) for p in ("buildpack-deps:trixie*", "buildpack-deps:testing*", "buildpack-deps:sid*",
+                                     "buildpack-deps:latest", "buildpack-deps:stable*")),
+    ("buildpack-deps:*", "bookworm", True),
+    *(x for v, suite in _PYTHON_SUITES for x in ((f"python:{v}*slim*", suite, False),
+                                                  (f"python:{v}*", suite, True))),
+    ("python:slim*", "trixie", False),
+    ("ghcr.io/laude-institute/t-bench/python-3-13*", "trixie", False),
+    ("ghcr.io/laude-institute/t-bench/ubuntu-24-04*", "noble", False),
+    ("ghcr.io/laude-institute/*", "bookworm", False),
+)
+# Files of a TB1 task folder that never enter its build context (the agent must not find them in the image).
+TB1_PRIVATE = ("tests", "solution.sh", "run-tests.sh", "task.yaml", "docker-compose.yaml",
+               "docker-compose.yml")
+
+
+class TaskError(ValueError):
+  """A malformed task folder. The message names the file and, where it applies, the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """One terminal task, as loaded from its folder."""
+  name: str  # folder name, unique within a suite
+  path: Path
+  layout: str  # LAYOUT_HARBOR | LAYOUT_TB1
+  instruction: str
+  family: str  # metadata category; the reward's family f
+  difficulty: str
+  tags: tuple[str, ...]
+  agent_timeout_s: float
+  verifier_timeout_s: float
+  build_timeout_s: float
+  cpus: float
+  memory_bytes: int
+  pids_limit: int | None  # None: the run's default (env.pids_limit)
+  dockerfile: Path
+  context_dir: Path  # docker build context
+  context_exclude: tuple[str, ...]  # top-level names of context_dir left out of the build
+  tests_dir: Path  # copied to /tests after the agent finishes
+  test_script: str  # path inside the container the verifier runs with bash
+  solution: Path | None  # reference solution script (None if the task ships none)
+  extra_test_files: tuple[Path, ...] = ()  # copied to /tests beside tests_dir's content (TB1 run-tests.sh)
+  storage_bytes: int | None = None  # environment.storage: what the container may write (None: env.disk_limit)
+  allow_internet: bool = False  # environment.allow_internet: the task needs the network while it runs
+  verifier_env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # [verifier.env]
+  private_in_image: tuple[str, ...] = ()  # container paths of private files the build copied: deleted first
+  metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the raw metadata file
+
+  def summary(self) -> dict:
+    return {"name": self.name, "layout": self.layout, "family": self.family, "difficulty": self.difficulty}
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def load_task(path: str | Path) -> Task:
+  """Load one task folder (layout detected from ``task.toml`` / ``task.yaml``). Raises :class:`TaskError`."""
+  path = Path(path).resolve()
+  if not path.is_dir():
+    raise TaskError(f"{path}: not a task folder")
+  if (path / "task.toml").exists():
+    return _load_harbor(path)
+  if (path / "task.yaml").exists():
+    return _load_tb1(path)
+  raise TaskError(f"{path}: neither task.toml (Harbor / Terminal-Bench 2) nor task.yaml (Terminal-Bench 1)")
+
+
+def load_tasks(tasks_dir: str | Path, names: list[str] | tuple[str, ...] | None = None,
+               pattern: str = "*") -> list[Task]:
+  """Every task folder under ``tasks_dir`` (sorted by name), or the named ones, or those matching a glob."""
+  root = Path(tasks_dir)
+  if not root.is_dir():
+    raise TaskError(f"{root}: tasks directory does not exist")
+  if names:
+    return [load_task(root / n) for n in names]
+  dirs = sorted(d for d in root.iterdir()
+                if d.is_dir() and fnmatch.fnmatch(d.name, pattern)
+                and ((d / "task.toml").exists() or (d / "task.yaml").exists()))
+  if not dirs and pattern == "*":
+    raise TaskError(f"{root}: no task folder (a folder with task.toml or task.yaml) in it")
+  return [load_task(d) for d in dirs]
+
+
+def _load_harbor(path: Path) -> Task:
+  f = path / "task.toml"
+  try:
+    meta = tomllib.loads(_read_utf8(f))
+  except tomllib.TOMLDecodeError as e:
+    raise TaskError(f"{f}: invalid TOML: {e}") from None
+  md = _section(meta, "metadata", f)
+  ver = _section(meta, "verifier", f)
+  agent = _section(meta, "agent", f)
+  envs = _section(meta, "environment", f)
+  instruction = _read_required(path / "instruction.md")
+  dockerfile = _require_file(path / "environment" / "Dockerfile")
+  tests = path / "tests"
+  _require_file(tests / "test.sh")
+  solution = path / "solution" / "solve.sh"
+  return Task(
+      name=path.name, path=path, layout=LAYOUT_HARBOR, instruction=instruction,
+      family=_str(md, "category", f, "metadata.category", default="default"),
+      difficulty=_str(md, "difficulty", f, "metadata.difficulty", default="unknown"),
+      tags=_tags(md.get("tags", ()), f, "metadata.tags"),
+      agent_timeout_s=_pos(agent, "timeout_sec", f, "agent.timeout_sec", DEFAULT_AGENT_TIMEOUT_S),
+      verifier_timeout_s=_pos(ver, "timeout_sec", f, "verifier.timeout_sec", DEFAULT_VERIFIER_TIMEOUT_S),
+      build_timeout_s=_pos(envs, "build_timeout_sec", f, "environment.build_timeout_sec",
+                           DEFAULT_BUILD_TIMEOUT_S),
+      cpus=_pos(envs, "cpus", f, "environment.cpus", DEFAULT_CPUS),
+      memory_bytes=_memory(envs.get("memory", envs.get("memory_mb")), f, "environment.memory"),
+      pids_limit=int(_pos(envs, "pids", f, "environment.pids", 1)) if "pids" in envs else None,
+      dockerfile=dockerfile, context_dir=path / "environment", context_exclude=(),
+      tests_dir=tests, test_script="/tests/test.sh",
+      solution=solution if solution.is_file() else None, metadata=meta,
+      storage_bytes=(_memory(envs.get("storage", envs.get("storage_mb")), f, "environment.storage")
+                     if "storage" in envs or "storage_mb" in envs else None),
+      allow_internet=_bool(envs, "allow_internet", f, "environment.allow_internet"),
+      verifier_env=_str_table(ver.get("env", {}), f, "verifier.env"))
+
+
+def _load_tb1(path: Path) -> Task:
+  f = path / "task.yaml"
+  try:
+    meta = yaml.safe_load(_read_utf8(f))
+  except yaml.YAMLError as e:
+    raise TaskError(f"{f}: invalid YAML: {e}") from None
+  if not isinstance(meta, dict):
+    raise TaskError(f"{f}: top level must be a mapping, got {type(meta).__name__}")
+  instruction = meta.get("instruction")
+  if instruction is None and isinstance(meta.get("descriptions"), list) and meta["descriptions"]:
+    instruction = (meta["descriptions"][0] or {}).get("description")  # the oldest TB1 variant
+  if not isinstance(instruction, str) or not instruction.strip():
+    raise TaskError(f"{f}: field 'instruction' is missing or empty")
+  dockerfile = _require_file(path / "Dockerfile")
+  run_tests = _require_file(path / "run-tests.sh")
+  tests = path / "tests"
+  if not tests.is_dir():
+    raise TaskError(f"{tests}: missing tests folder")
+  solution = path / "solution.sh"
+  parser = meta.get("parser_name", "pytest")
+  if parser != "pytest":
+    raise TaskError(f"{f}: field 'parser_name' is {parser!r}; only 'pytest' is supported")
+  # Private files the Dockerfile names in a COPY stay in the build context (the build needs them) and are
+  # deleted from the container before the agent starts; otherwise (e.g. "COPY . /app") they never enter it.
+  _, copies = dockerfile_layout(dockerfile.read_text(errors="replace"))
+  needed, hidden = set(), set()
+  for src, dst in copies:
+    name = src.strip("/").removeprefix("./")
+    if name not in TB1_PRIVATE or not (path / name).exists():
+      continue
+    needed.add(name)
+    if (path / name).is_dir():  # a folder's content lands in the destination: delete those files only
+      hidden |= {dst.rstrip("/") + "/" + f.relative_to(path / name).as_posix()
+                 for f in (path / name).rglob("*") if f.is_file()}
+    else:
+      hidden.add(dst.rstrip("/") + "/" + name if dst.endswith("/") else dst)
+  hidden = sorted(hidden)
+  return Task(
+      name=path.name, path=path, layout=LAYOUT_TB1, instruction=instruction,
+      family=_str(meta, "category", f, "category", default="default"),
+      difficulty=_str(meta, "difficulty", f, "difficulty", default="unknown"),
+      tags=_tags(meta.get("tags", ()), f, "tags"),
+      agent_timeout_s=_pos(meta, "max_agent_timeout_sec", f, "max_agent_timeout_sec",
+                           DEFAULT_AGENT_TIMEOUT_S),
+      verifier_timeout_s=_pos(meta, "max_test_timeout_sec", f, "max_test_timeout_sec",
+                              DEFAULT_VERIFIER_TIMEOUT_S),
+      build_timeout_s=DEFAULT_BUILD_TIMEOUT_S, cpus=DEFAULT_CPUS,
+      memory_bytes=_memory(None, f, "memory"), pids_limit=None,
+      dockerfile=dockerfile, context_dir=path, context_exclude=tuple(p for p in TB1_PRIVATE if p not in needed),
+      tests_dir=tests, test_script="/tests/run-tests.sh", extra_test_files=(run_tests,),
+      solution=solution if solution.is_file() else None, metadata=meta, private_in_image=tuple(hidden))
+
+
+def dockerfile_layout(text: str) -> tuple[str, list[tuple[str, str]]]:
+  """WORKDIR (the last one; /app if none) and (source, destination) of every COPY / ADD (shell or JSON form;
+  a relative destination is resolved against the WORKDIR; a destination that holds several sources gets a
+  trailing slash). ``--from`` copies (other build stages) are left out."""
+  workdir, copies = "/app", []
+  text = re.sub(r"\\\n", " ", text)
+  for line in text.splitlines():
+    words = line.strip().split(None, 1)
+    if not words:
+      continue
+    op, rest = words[0].upper(), (words[1] if len(words) > 1 else "")
+    if op == "WORKDIR" and rest:
+      d = rest.strip().strip('"')
+      workdir = d if d.startswith("/") else workdir.rstrip("/") + "/" + d
+    elif op in ("COPY", "ADD") and "--from" not in rest:
+      rest = re.sub(r"^(--\S+\s+)+", "", rest.strip())
+      try:
+        args = json.loads(rest) if rest.startswith("[") else rest.split()
+      except ValueError:
+        args = rest.split()
+      args = [str(a) for a in args]
+      if len(args) >= 2:
+        raw = args[-1]
+        dst = os.path.normpath(raw if raw.startswith("/") else workdir.rstrip("/") + "/" + raw)
+        if raw.endswith("/") or raw in (".", "./") or len(args) > 2:
+          dst = dst.rstrip("/") + "/"
+        copies += [(src, dst) for src in args[:-1]]
+  return workdir, copies
+
+
+# ----------------------------------------------------------------------------------------------- fields
+
+
+def _section(meta: Mapping, name: str, f: Path) -> Mapping:
+  s = meta.get(name, {})
+  if not isinstance(s, Mapping):
+    raise TaskError(f"{f}: field '{name}' must be a table, got {type(s).__name__}")
+  return s
+
+
+def _bool(d: Mapping, key: str, f: Path, field: str, default: bool = False) -> bool:
+  v = d.get(key, default)
+  if not isinstance(v, bool):
+    raise TaskError(f"{f}: field '{field}' must be true or false, got {v!r}")
+  return v
+
+
+def _str_table(v, f: Path, field: str) -> dict[str, str]:
+  if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(x, (str, int, float))
+                                           and not isinstance(x, bool) for k, x in v.items()):
+    raise TaskError(f"{f}: field '{field}' must be a table of names to strings, got {v!r}")
+  return {k: str(x) for k, x in v.items()}
+
+
+def _read_required(p: Path) -> str:
+  if not p.is_file():
+    raise TaskError(f"{p}: missing file")
+  text = _read_utf8(p)
+  if not text.strip():
+    raise TaskError(f"{p}: file is empty")
+  return text
+
+
+def _read_utf8(p: Path) -> str:
+  try:
+    return p.read_bytes().decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise TaskError(f"{p}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+  except OSError as e:
+    raise TaskError(f"{p}: cannot read: {e.strerror}") from None
+
+
+def _require_file(p: Path) -> Path:
+  if not p.is_file():
+    raise TaskError(f"{p}: missing file")
+  return p
+
+
+def _str(m: Mapping, k: str, f: Path, field: str, default: str) -> str:
+  v = m.get(k, default)
+  if not isinstance(v, str) or not v:
+    raise TaskError(f"{f}: field '{field}' must be a non-empty string, got {v!r}")
+  return v
+
+
+def _tags(v, f: Path, field: str) -> tuple[str, ...]:
+  if isinstance(v, str):
+    v = [v]
+  if not isinstance(v, (list, tuple)) or not all(isinstance(t, str) for t in v):
+    raise TaskError(f"{f}: field '{field}' must be a list of strings, got {v!r}")
+  return tuple(v)
+
+
+def _pos(m: Mapping, k: str, f: Path, field: str, default: float) -> float:
+  v = m.get(k, default)
+  if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+    raise TaskError(f"{f}: field '{field}' must be a positive number, got {v!r}")
+  return float(v)
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "ki": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
+          "mi": 2**20, "mib": 2**20, "g": 2**30, "gb": 2**30, "gi": 2**30, "gib": 2**30}
+
+
+def parse_memory(v) -> int:
+  """``"2G"`` / ``"512M"`` / ``"1.5GiB"`` / an int of MB -> bytes. Raises ValueError."""
+  if isinstance(v, bool):
+    raise ValueError(f"not a memory size: {v!r}")
+  if isinstance(v, (int, float)):
+    return int(v * 2**20)  # a bare number is megabytes (Harbor's memory_mb)
+  m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(v))
+  if not m or m.group(2).lower() not in _UNITS:
+    raise ValueError(f"not a memory size: {v!r}")
+  return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _memory(v, f: Path, field: str) -> int:
+  try:
+    b = parse_memory(DEFAULT_MEMORY if v is None else v)
+  except ValueError:
+    raise TaskError(f"{f}: field '{field}' must be a size such as \"2G\", got {v!r}") from None
+  if b < 16 * 2**20:
+    raise TaskError(f"{f}: field '{field}' is below 16M ({v!r})")
+  return b
+
+
+# ------------------------------------------------------------------------------------------ image map
+
+def family_image(base_image: str, suite: str, build: bool = False) -> str:
+  """The local image scripts/build_base_image.sh builds for ``suite`` (``bookworm`` -> ``rsi-base``,
+  ``noble`` -> ``rsi-base-noble``, with build tools ``rsi-base-noble-build``)."""
+  name = base_image if suite == "bookworm" else f"{base_image}-{suite}"
+  return f"{name}-build" if build else name
+
+
+def family_spec(image: str, base_image: str = "rsi-base") -> str:
+  """The build_base_image.sh argument that builds the family ``image`` (``rsi-base-noble-build`` ->
+  ``noble-build``)."""
+  rest = image.split(":", 1)[0][len(base_image):].lstrip("-")
+  build = rest.endswith("build")
+  suite = rest[:-len("build")].rstrip("-") if build else rest
+  return (suite or "bookworm") + ("-build" if build else "")
+
+
+def effective_image_map(image_map: Mapping[str, str], base_image: str = "rsi-base") -> dict:
+  """The configured map first (first match wins), then :data:`DEFAULT_IMAGE_MAP`. A default entry's value is
+  (family image, ``base_image``): the family image where it is built, else ``base_image`` (with a warning
+  naming the command that builds the family image; see :func:`resolve_base_image`)."""
+  out: dict = dict(image_map)
+  for pattern, suite, build in DEFAULT_IMAGE_MAP:
+    target = family_image(base_image, suite, build)
+    out.setdefault(pattern, target if target == base_image else (target, base_image))
+  return out
+
+
+_FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
+
+
+def resolve_base_image(image: str, image_map: Mapping[str, str],
+                       is_local: Callable[[str], bool]) -> str:
+  """The image to build FROM: ``image`` if available locally, else the first ``image_map`` glob match.
+
+  References are matched in their canonical short form too (:func:`canonical_image`: registry mirrors of
+  the official images, ``docker.io/library/``, a digest and a missing tag removed), so ``ubuntu``,
+  ``docker.io/library/ubuntu:24.04`` and ``public.ecr.aws/docker/library/python:3.12@sha256:...`` all
+  meet the ``ubuntu:*`` / ``python:3*`` entries. An image with no match is returned unchanged (the build then
+  fails naming it; :func:`base_image_problems` warns before that)."""
+  if is_local(image):
+    return image
+  target = _mapped(image, image_map)
+  if isinstance(target, tuple):  # (family image, fallback): the family image unless it is not built
+    return target[0] if is_local(target[0]) or not is_local(target[1]) else target[1]
+  return image if target is None else target
+
+
+def base_image_problems(tasks, image_map: Mapping[str, str], is_local: Callable[[str], bool]) -> dict:
+  """{task name: [one line per ``FROM`` a build cannot satisfy as written]}: an image neither available
+  locally nor mapped (its build will fail), and one whose family image is not built (the fallback is used;
+  the line names the command that builds it). Stage names and build arguments are left aside."""
+  out: dict[str, list[str]] = {}
+  for t in tasks:
+    lines, stages = [], set()
+    for line in Path(t.dockerfile).read_text(errors="replace").splitlines():
+      m = _FROM.match(line)
+      if not m:
+        continue
+      image, rest = m.group(3), m.group(4)
+      if image.lower() not in stages and "$" not in image and not is_local(image):
+        new = resolve_base_image(image, image_map, is_local)
+        wanted = _mapped(image, image_map)
+        if new == image:
+          lines.append(f"base image {image} is neither present nor mapped by env.image_map: its build will fail")
+        elif isinstance(wanted, tuple) and new != wanted[0]:
+          lines.append(f"base image {image} maps to {wanted[0]}, which is not built (bash "
+                       f"scripts/build_base_image.sh {family_spec(wanted[0], wanted[1])}); using {new}")
+      alias = re.match(r"\s+AS\s+(\S+)", rest, re.IGNORECASE)
+      if alias:
+        stages.add(alias.group(1).lower())
+    if lines:
+      out[t.name] = lines
+  return out
+
+
+def _mapped(image: str, image_map: Mapping[str, str]):
+  short = canonical_image(image)
+  return next((v for k, v in image_map.items() if fnmatch.fnmatchcase(image, k) or fnmatch.fnmatchcase(short, k)),
+              None)
+
+
+# Registry prefixes under which the official images are mirrored unchanged.
+OFFICIAL_MIRRORS = ("docker.io/library/", "index.docker.io/library/", "registry-1.docker.io/library/",
+                    "public.ecr.aws/docker/library/", "mirror.gcr.io/library/", "docker.io/", "library/")
+
+
+def canonical_image(image: str) -> str:
+  """``docker.io/library/python:3.12@sha256:ab...`` -> ``python:3.12``; ``ubuntu`` -> ``ubuntu:latest``."""
+  ref = image.split("@", 1)[0]
+  for prefix in OFFICIAL_MIRRORS:
+    if ref.startswith(prefix):
+      ref = ref[len(prefix):]
+      break
+  last = ref.rsplit("/", 1)[-1]
+  return ref if ":" in last else ref + ":latest"
+
+
+def rewrite_dockerfile(text: str, image_map: Mapping[str, str], is_local: Callable[[str], bool],
+                       where: str = "Dockerfile") -> tuple[str, list[tuple[str, str]]]:
+  """Rewrite every ``FROM`` through :func:`resolve_base_image`; stage names (``FROM a AS b``) are kept.
+
+  Returns (new text, [(old image, new image), ...] for each rewrite)."""
+  stages: set[str] = set()
+  out, changes = [], []
+  for line in text.splitlines(keepends=True):
+    m = _FROM.match(line.rstrip("\n"))
+    if m:
+      head, flags, image, rest = m.groups()
+      alias = re.match(r"\s+AS\s+(\S+)", rest, re.IGNORECASE)
+      if image.lower() not in stages and "$" not in image:
+        new = resolve_base_image(image, image_map, is_local)
+        if new != image:
+          changes.append((image, new))
+          log.info("%s: base image %s is not available locally; using %s (env.image_map)", where, image, new)
+          line = f"{head}{flags}{new}{rest}" + ("\n" if line.endswith("\n") else "")
+      if alias:
+        stages.add(alias.group(1).lower())
+    out.append(line)
+  return "".join(out), changes

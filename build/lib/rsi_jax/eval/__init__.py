@@ -1,0 +1,1 @@
+"""rsi_jax.eval"""

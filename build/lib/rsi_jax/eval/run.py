@@ -1,0 +1,224 @@
+"""Evaluation runs: every task R times under a harness, scored by the protected verifier (paper §4, App. E–F).
+
+The actor runs through the same sampler and harness code as in training, at the paper's evaluation protocol
+unless told otherwise (``eval.temperature`` 0.6, ``eval.top_p`` 0.95, ``eval.max_new_tokens`` 8,192 output
+tokens per turn; the input limit and summarization threshold of ``env``).
+
+Infrastructure failures (a container that cannot start, a verifier that hangs) are retried up to
+``eval.infra_retries`` times; what still fails is reported apart. The headline Mean@R and pass@R count only
+attempts that were scored; the paper's rule (an attempt without a reward is a failure) gives the second
+figure, ``*_with_infra_as_failure``; both are printed. :meth:`EvalReport.write` stores ``summary.json`` and
+``attempts.jsonl``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from rsi_jax.config import Config
+from rsi_jax.eval.metrics import by_stratum, mean_at_r, pass_at_r, process_reward, strict_completions
+from rsi_jax.eval.strata import stratum_of, stratum_scores
+from rsi_jax.policy import SamplingParams
+
+EVAL_SAMPLING = SamplingParams(temperature=0.6, top_p=0.95, max_new_tokens=8192)
+
+
+@dataclasses.dataclass
+class EvalReport:
+  tasks: list[str]
+  difficulties: list[str]
+  scores: np.ndarray  # (n, R) strict success, NaN for infrastructure failures (after retries)
+  fractions: np.ndarray  # (n, R) passed / total non-hygiene checks, NaN where no valid report
+  infra_failures: int  # attempts that stayed infrastructure failures after their retries
+  episodes: list = dataclasses.field(default_factory=list)  # one record per attempt (attempts.jsonl)
+  families: list = dataclasses.field(default_factory=list)
+  strata: dict = dataclasses.field(default_factory=dict)  # the suite's frozen strata (rsi_jax.eval.strata)
+  retries: int = 0  # infrastructure-failed attempts that were run again
+  info: dict = dataclasses.field(default_factory=dict)  # suite, harness, checkpoint, sampling, ...
+
+  def metrics(self) -> dict:
+    s = self.scores
+    scored = ~np.isnan(s)
+    rows = scored.any(axis=1)
+    out = {"n_tasks": len(self.tasks), "tasks": len(self.tasks), "runs": int(s.shape[1]),
+           "repeats": int(s.shape[1]),
+           "mean_at_r": float(100.0 * np.nanmean(s)) if scored.any() else None,
+           "pass_at_r": float(100.0 * (np.nan_to_num(s[rows], nan=0.0).max(axis=1) == 1).mean())
+           if rows.any() else None,
+           "mean_at_r_with_infra_as_failure": mean_at_r(s), "pass_at_r_with_infra_as_failure": pass_at_r(s),
+           "strict_completions": strict_completions(s), "infra_failures": self.infra_failures,
+           "infra_retries": self.retries, "scored_attempts": int(scored.sum())}
+    f = self.fractions[~np.isnan(self.fractions)]
+    out["process_reward"] = process_reward(f) if f.size else None
+    out["by_difficulty"] = by_stratum(s, self.difficulties)
+    out["by_stratum"] = stratum_scores(self.per_task_scores(), self.strata) if self.strata else {}
+    return out
+
+  def per_task_scores(self) -> dict[str, float]:
+    """Each task's mean full-pass indicator over its repeats (attempts without a reward as 0; App. F)."""
+    return {t: float(np.nan_to_num(row, nan=0.0).mean()) for t, row in zip(self.tasks, self.scores)}
+
+  def summary(self) -> dict:
+    m = self.metrics()
+    fams = self.families or [""] * len(self.tasks)
+    m["per_task"] = {
+        t: {"family": fam, "difficulty": d, "stratum": stratum_of(self.strata, t) if self.strata else None,
+            "scores": [None if np.isnan(x) else int(x) for x in row],
+            "mean": float(np.nan_to_num(row, nan=0.0).mean()),
+            "checks": [None if np.isnan(x) else float(x) for x in frow]}
+        for t, fam, d, row, frow in zip(self.tasks, fams, self.difficulties, self.scores, self.fractions)}
+    m.update(self.info)
+    if self.strata:
+      m["strata"] = {k: self.strata.get(k) for k in ("cutoffs", "file", "definition")}
+    return m
+
+  def write(self, output_dir: str | Path) -> Path:
+    """``summary.json`` and ``attempts.jsonl`` into ``output_dir`` (created)."""
+    d = Path(output_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "attempts.jsonl").write_text("".join(json.dumps(e, default=str) + "\n" for e in self.episodes))
+    (d / "summary.json").write_text(json.dumps(self.summary(), indent=1, default=str) + "\n")
+    return d
+
+  def render(self) -> str:
+    m = self.metrics()
+    r = m["repeats"]
+    pct = lambda x: "n/a" if x is None else f"{x:.2f}%"  # noqa: E731
+    lines = [f"tasks {m['tasks']} x repeats {r}",
+             f"Mean@{r}  {pct(m['mean_at_r'])}  (infrastructure failures as failures: "
+             f"{pct(m['mean_at_r_with_infra_as_failure'])})",
+             f"pass@{r}  {pct(m['pass_at_r'])}  (infrastructure failures as failures: "
+             f"{pct(m['pass_at_r_with_infra_as_failure'])})",
+             f"process reward  {m['process_reward'] if m['process_reward'] is None else round(m['process_reward'], 4)}",
+             f"strict completions  {m['strict_completions']:.2f}/{m['tasks']}",
+             f"infrastructure failures  {m['infra_failures']} (after {m['infra_retries']} retried attempt(s))"]
+    lines += [f"  {k}: {v['tasks']} tasks, Mean@R {v['mean_at_r']:.2f}%, pass@R {v['pass_at_r']:.2f}%"
+              for k, v in m["by_difficulty"].items()]
+    lines += [f"  stratum {k}: {v['tasks']} tasks, score {v['score']:.2f}%" for k, v in m["by_stratum"].items()]
+    return "\n".join(lines)
+
+
+def _attempt_record(res, task, run: int, tries: int) -> dict:
+  o = res.outcome
+  return {"task": task.name, "family": task.family, "run": run, "success": o.success,
+          "passed": o.passed, "total": o.total,
+          "process_reward": (o.passed / o.total) if o.report_valid and o.total else None,
+          "state": o.state.value, "reason": o.reason, "turns": len(res.turns), "prompt_tokens": res.prompt_tokens,
+          "generated_tokens": res.generated_tokens, "stop_reason": res.stop_reason,
+          "infra_failure": res.infra_failure, "failure_kind": res.failure_kind, "error": res.error,
+          "tries": tries, "episode_id": res.episode_id, "seconds": round(res.total_s, 2)}
+
+
+def evaluate(pool, tasks, harness_factory, repeats: int, *, infra_retries: int = 0, strata: dict | None = None,
+             info: dict | None = None) -> EvalReport:
+  """Run every task ``repeats`` times concurrently in ``pool`` (an attempt that is an infrastructure failure
+  runs again, up to ``infra_retries`` times) and score the attempts."""
+  if repeats <= 0:
+    raise ValueError(f"repeats must be > 0, got {repeats}")
+  if not tasks:
+    raise ValueError("no tasks to evaluate")
+  pending = {(i, r): (pool.submit(t, harness_factory), 1) for i, t in enumerate(tasks) for r in range(repeats)}
+  scores = np.full((len(tasks), repeats), np.nan)
+  fractions = np.full((len(tasks), repeats), np.nan)
+  infra, retries, records = 0, 0, {}
+  while pending:
+    for key in list(pending):
+      fut, tries = pending[key]
+      if not fut.done():
+        continue
+      del pending[key]
+      i, r = key
+      res = fut.result()
+      if res.infra_failure and tries <= infra_retries:
+        retries += 1
+        pending[key] = (pool.submit(tasks[i], harness_factory), tries + 1)
+        continue
+      records[key] = _attempt_record(res, tasks[i], r, tries)
+      o = res.outcome
+      if res.infra_failure:
+        infra += 1
+        continue
+      scores[i, r] = float(o.success)
+      if o.report_valid and o.total:
+        fractions[i, r] = o.passed / o.total
+    if pending:
+      time.sleep(0.05)
+  return EvalReport([t.name for t in tasks], [t.difficulty for t in tasks], scores, fractions, infra,
+                    [records[k] for k in sorted(records)], [t.family for t in tasks], strata or {}, retries,
+                    dict(info or {}))
+
+
+def eval_sampling(cfg: Config) -> SamplingParams:
+  e = cfg.eval
+  return SamplingParams(temperature=e.temperature, top_p=e.top_p, max_new_tokens=e.max_new_tokens)
+
+
+def suite_tasks(cfg: Config, tasks_dir: str, task_names=()):
+  """(tasks, frozen strata) of an evaluation suite: the named tasks, or ``eval.max_tasks`` of them."""
+  from rsi_jax.env import load_tasks
+  from rsi_jax.eval.strata import suite_strata
+  from rsi_jax.pipeline.driver import pick_tasks
+  everything = load_tasks(tasks_dir)
+  strata = suite_strata(everything, tasks_dir)
+  tasks = load_tasks(tasks_dir, list(task_names)) if task_names else pick_tasks(everything, cfg.eval.max_tasks)
+  return tasks, strata
+
+
+def evaluate_policy(cfg: Config, pool, tasks, policy, renderer, *, strata=None, harness: str | None = None,
+                    repeats: int | None = None, info: dict | None = None) -> EvalReport:
+  """The actor behind ``policy`` (e.g. the training program's sampler) on ``tasks`` under the configured
+  harness and evaluation sampling: the code path of ``python -m rsi_jax.eval`` and in-training evaluation."""
+  from rsi_jax.env import make_harness
+  harness = harness or cfg.eval.harness
+  sampling = eval_sampling(cfg)
+  if harness == "oracle":
+    factory = lambda: make_harness("oracle")  # noqa: E731
+  else:
+    factory = lambda: make_harness(harness, policy, renderer, sampling, env_cfg=cfg.env)  # noqa: E731
+  info = {"harness": harness, "sampling": dataclasses.asdict(sampling), **(info or {})}
+  return evaluate(pool, tasks, factory, repeats or cfg.eval.repeats, infra_retries=cfg.eval.infra_retries,
+                  strata=strata, info=info)
+
+
+def evaluate_config(cfg: Config, *, harness: str = "json", repeats: int = 3, checkpoint: str = "",
+                    task_names=(), sampling: SamplingParams | None = None, tasks_dir: str = "") -> EvalReport:
+  """Evaluate the actor (random init, or ``checkpoint``'s actor item) or the oracle on a suite
+  (``tasks_dir``, else ``eval.tasks_dir``, else ``env.tasks_dir``)."""
+  from rsi_jax.env import EnvPool
+
+  tasks_dir = tasks_dir or cfg.eval.tasks_dir or cfg.env.tasks_dir
+  if sampling is not None:
+    cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, temperature=sampling.temperature,
+                                                            top_p=sampling.top_p,
+                                                            max_new_tokens=sampling.max_new_tokens))
+  tasks, strata = suite_tasks(cfg, tasks_dir, task_names)
+  pool = EnvPool.from_config(cfg.env, f"eval-{uuid.uuid4().hex[:6]}",
+                             hygiene_patterns=cfg.reward.hygiene_patterns)
+  pool.check_base_images(tasks)  # warns, before any build, for each FROM a build cannot satisfy as written
+  sampler = renderer = None
+  info = {"suite": Path(tasks_dir).name, "tasks_dir": str(tasks_dir), "checkpoint": checkpoint or None}
+  try:
+    if harness != "oracle":
+      import jax
+
+      from rsi_jax.models import Actor, ChatRenderer, build_mesh, load_tokenizer
+      from rsi_jax.models.checkpoint import resolve_checkpoint, restore_params
+      from rsi_jax.sampler.server import SamplerServer
+      actor = Actor(cfg, build_mesh(cfg))
+      params = (restore_params(resolve_checkpoint(checkpoint), actor=actor.abstract_params)["actor"]
+                if checkpoint else actor.initial_params(jax.random.key(cfg.run.seed)))
+      tok = load_tokenizer(cfg.model.tokenizer_path)
+      sampler = SamplerServer.from_config(cfg, params, tokenizer=tok)
+      renderer = ChatRenderer(tok)
+    return evaluate_policy(cfg, pool, tasks, sampler, renderer, strata=strata, harness=harness, repeats=repeats,
+                           info=info)
+  finally:
+    if sampler is not None:
+      sampler.close()
+    pool.close()

@@ -1,0 +1,55 @@
+"""absl logging setup and a progress bar for long work (setup steps, image builds, training steps)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+
+from absl import logging
+from tqdm import tqdm
+
+
+def setup_logging(level: str = "info") -> None:
+  logging.set_verbosity({"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+                         "error": logging.ERROR}[level])
+  logging.use_absl_handler()
+
+
+def progress(it: Iterable | None = None, desc: str = "", total: int | None = None, enabled: bool = True,
+             file=None):
+  """A tqdm bar on ``file`` (default stderr; ``run.progress``); with ``enabled=False`` a silent pass-through."""
+  return tqdm(it, desc=desc, total=total, disable=not enabled, file=file or sys.stderr, dynamic_ncols=True,
+              leave=False)
+
+
+class LibraryOutputToFile:
+  """Send everything libraries print (Python prints and logging, absl / Orbax INFO, XLA's C++ warnings on
+  file descriptors 1 and 2) to ``path``, and keep the terminal for the run's own lines: ``console_out`` /
+  ``console_err`` write to the original stdout / stderr. Restores both descriptors on exit."""
+
+  def __init__(self, path: str):
+    self.path = path
+
+  def __enter__(self):
+    import os
+    sys.stdout.flush()
+    sys.stderr.flush()
+    self._saved = (os.dup(1), os.dup(2))
+    self.console_out = os.fdopen(os.dup(1), "w", buffering=1)
+    self.console_err = os.fdopen(os.dup(2), "w", buffering=1)
+    self._log = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed in __exit__
+    os.dup2(self._log.fileno(), 1)
+    os.dup2(self._log.fileno(), 2)
+    return self
+
+  def __exit__(self, *exc):
+    import os
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(self._saved[0], 1)
+    os.dup2(self._saved[1], 2)
+    for fd in self._saved:
+      os.close(fd)
+    self._log.close()
+    self.console_out.flush()
+    self.console_err.flush()

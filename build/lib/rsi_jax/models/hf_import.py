@@ -1,0 +1,282 @@
+"""Import an HF Qwen3 folder (``config.json`` + ``*.safetensors``) into MaxText actor params, sharded.
+
+Tensors are read with numpy (no torch) and each device receives only its own slice
+(``jax.make_array_from_callback``), so the same code runs under ``jax.distributed`` with one process per host.
+
+HF -> MaxText layout (per layer l; scanned layers stack l at MaxText's ``param_scan_axis`` = 1):
+
+    model.embed_tokens.weight (V, E)                 -> token_embedder.embedding (V, E)
+    model.norm.weight (E,)                           -> decoder.decoder_norm.scale
+    lm_head.weight (V, E)  [untied only]             -> decoder.logits_dense.kernel = W^T (E, V)
+    layers.l.input_layernorm.weight                  -> pre_self_attention_layer_norm.scale
+    layers.l.post_attention_layernorm.weight         -> post_self_attention_layer_norm.scale
+    layers.l.self_attn.{q,k,v}_proj.weight (N*D, E)  -> self_attention.{query,key,value}.kernel = W^T -> (E, N, D)
+    layers.l.self_attn.o_proj.weight (E, H*D)        -> self_attention.out.kernel = W^T -> (H, D, E)
+    layers.l.self_attn.{q,k}_norm.weight (D,)        -> self_attention.{query,key}_norm.scale
+    layers.l.mlp.{gate,up}_proj.weight (M, E)        -> mlp.{wi_0,wi_1}.kernel = W^T (E, M)
+    layers.l.mlp.down_proj.weight (E, M)             -> mlp.wo.kernel = W^T (M, E)
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+import jax
+import numpy as np
+
+from rsi_jax.config import Config, with_overrides
+
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
+
+
+class HFImportError(ValueError):
+  """The HF folder cannot be imported: unknown architecture, missing tensor, shape mismatch."""
+
+
+# MaxText per-layer param path (inside decoder.layers) -> (HF name template, kind)
+_LAYER_MAP = {
+    ("pre_self_attention_layer_norm", "scale"): ("model.layers.{l}.input_layernorm.weight", "copy"),
+    ("post_self_attention_layer_norm", "scale"): ("model.layers.{l}.post_attention_layernorm.weight", "copy"),
+    ("self_attention", "query", "kernel"): ("model.layers.{l}.self_attn.q_proj.weight", "linear"),
+    ("self_attention", "key", "kernel"): ("model.layers.{l}.self_attn.k_proj.weight", "linear"),
+    ("self_attention", "value", "kernel"): ("model.layers.{l}.self_attn.v_proj.weight", "linear"),
+    ("self_attention", "out", "kernel"): ("model.layers.{l}.self_attn.o_proj.weight", "linear"),
+    ("self_attention", "query_norm", "scale"): ("model.layers.{l}.self_attn.q_norm.weight", "copy"),
+    ("self_attention", "key_norm", "scale"): ("model.layers.{l}.self_attn.k_norm.weight", "copy"),
+    ("mlp", "wi_0", "kernel"): ("model.layers.{l}.mlp.gate_proj.weight", "linear"),
+    ("mlp", "wi_1", "kernel"): ("model.layers.{l}.mlp.up_proj.weight", "linear"),
+    ("mlp", "wo", "kernel"): ("model.layers.{l}.mlp.down_proj.weight", "linear"),
+}
+_TOP_MAP = {
+    ("token_embedder", "embedding"): ("model.embed_tokens.weight", "copy"),
+    ("decoder", "decoder_norm", "scale"): ("model.norm.weight", "copy"),
+    ("decoder", "logits_dense", "kernel"): ("lm_head.weight", "linear"),
+}
+
+
+# ----------------------------------------------------------------------------------------------- config
+
+
+def read_hf_config(hf_dir: str) -> dict:
+  """config.json of an HF Qwen3 folder, checked for what our MaxText Qwen3 can represent."""
+  path = os.path.join(hf_dir, "config.json")
+  if not os.path.exists(path):
+    raise HFImportError(f"{hf_dir}: no config.json")
+  with open(path) as f:
+    c = json.load(f)
+  archs = c.get("architectures") or []
+  if c.get("model_type") != "qwen3" or not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+    raise HFImportError(f"{path}: unknown architecture {archs or c.get('model_type')!r} "
+                        f"(model_type {c.get('model_type')!r}); supported: {SUPPORTED_ARCHITECTURES}")
+  rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+  if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+    raise HFImportError(f"{path}: rope scaling {rope!r} is not supported (only plain RoPE)")
+  if c.get("use_sliding_window"):
+    raise HFImportError(f"{path}: use_sliding_window=true is not supported")
+  if c.get("attention_bias"):
+    raise HFImportError(f"{path}: attention_bias=true is not supported by the MaxText qwen3 block")
+  if c.get("hidden_act", "silu") != "silu":
+    raise HFImportError(f"{path}: hidden_act {c.get('hidden_act')!r} is not supported (Qwen3 uses silu)")
+  return c
+
+
+def _rope_theta(c: dict) -> float:
+  rope = c.get("rope_parameters") or {}
+  return float(rope.get("rope_theta", c.get("rope_theta", 10_000.0)))
+
+
+def model_overrides(hf_cfg: dict, tied: bool | None = None) -> dict:
+  """Our ``model`` section keys for an HF Qwen3 config.json."""
+  heads = hf_cfg["num_attention_heads"]
+  if tied is None:
+    tied = bool(hf_cfg.get("tie_word_embeddings", False))
+  return {
+      "decoder_block": "qwen3",
+      "base_emb_dim": hf_cfg["hidden_size"],
+      "base_num_query_heads": heads,
+      "base_num_kv_heads": hf_cfg.get("num_key_value_heads", heads),
+      "base_mlp_dim": hf_cfg["intermediate_size"],
+      "base_num_decoder_layers": hf_cfg["num_hidden_layers"],
+      "head_dim": hf_cfg.get("head_dim") or hf_cfg["hidden_size"] // heads,
+      "vocab_size": hf_cfg["vocab_size"],
+      "logits_via_embedding": tied,
+      "normalization_layer_epsilon": float(hf_cfg.get("rms_norm_eps", 1e-6)),
+      "rope_max_timescale": int(_rope_theta(hf_cfg)),
+      "use_qk_norm": True,
+  }
+
+
+def config_for_hf(hf_dir: str, cfg: Config | None = None, **model_extra) -> Config:
+  """``cfg`` (default: the schema defaults) with its model section set from the HF folder."""
+  hf_cfg = read_hf_config(hf_dir)
+  tensors = _TensorIndex(hf_dir)
+  tied = hf_cfg.get("tie_word_embeddings")
+  if tied is None:
+    tied = "lm_head.weight" not in tensors.names
+  ov = dict(model_overrides(hf_cfg, bool(tied)), hf_path=str(hf_dir), **model_extra)
+  return with_overrides(cfg or Config(), {"model": ov})
+
+
+# ----------------------------------------------------------------------------------------------- tensors
+
+
+class _TensorIndex:
+  """Lazy access to the tensors of all ``*.safetensors`` files in a folder (numpy, no torch)."""
+
+  def __init__(self, hf_dir: str):
+    self.files = sorted(glob.glob(os.path.join(hf_dir, "*.safetensors")))
+    if not self.files:
+      raise HFImportError(f"{hf_dir}: no *.safetensors files")
+    from safetensors import safe_open
+
+    self._where = {}
+    for f in self.files:
+      with safe_open(f, framework="numpy") as h:
+        for k in h.keys():
+          self._where[k] = f
+    self.names = set(self._where)
+    self.hf_dir = hf_dir
+
+  def get(self, name: str) -> np.ndarray:
+    if name not in self._where:
+      raise HFImportError(f"{self.hf_dir}: missing tensor {name!r} (have {len(self.names)} tensors, "
+                          f"e.g. {sorted(self.names)[:3]})")
+    from safetensors import safe_open
+
+    with safe_open(self._where[name], framework="numpy") as h:
+      return h.get_tensor(name)
+
+
+def _convert(w: np.ndarray, kind: str, target_shape: tuple, hf_name: str) -> np.ndarray:
+  """One HF tensor -> one MaxText tensor of ``target_shape`` (per layer)."""
+  if kind == "linear":
+    w = w.T  # HF Linear stores (out, in); MaxText kernels are (in, out...)
+  if int(np.prod(w.shape)) != int(np.prod(target_shape)) or (kind == "copy" and w.shape != target_shape):
+    raise HFImportError(f"shape mismatch for {hf_name}: HF {tuple(w.shape)} cannot become MaxText "
+                        f"{tuple(target_shape)}")
+  if kind == "linear" and not any(int(np.prod(target_shape[:a])) == w.shape[0]
+                                  for a in range(1, len(target_shape))):
+    raise HFImportError(f"shape mismatch for {hf_name}: HF {tuple(w.shape[::-1])} (out, in) does not split "
+                        f"into MaxText {tuple(target_shape)}")
+  return w.reshape(target_shape)
+
+
+def _path_names(path) -> tuple:
+  return tuple(getattr(k, "key", getattr(k, "name", str(k))) for k in path)
+
+
+def hf_to_maxtext_numpy(hf_dir: str, abstract_params: dict, scan_axis: int = 1) -> dict:
+  """Host (numpy) arrays for every leaf of ``abstract_params`` (a ShapeDtypeStruct tree from the actor)."""
+  tensors = _TensorIndex(hf_dir)
+  out_flat = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
+    names = _path_names(path)
+    dtype = leaf.dtype
+    if names in _TOP_MAP:
+      hf_name, kind = _TOP_MAP[names]
+      w = tensors.get(hf_name)
+      if names[0] == "token_embedder" and w.shape[0] < leaf.shape[0]:  # MaxText vocab padded: zero rows
+        w = np.concatenate([w, np.zeros((leaf.shape[0] - w.shape[0],) + w.shape[1:], w.dtype)])
+      arr = _convert(w, kind, tuple(leaf.shape), hf_name)
+    elif names[:2] == ("decoder", "layers") and names[2:] in _LAYER_MAP:  # scanned layers
+      hf_tmpl, kind = _LAYER_MAP[names[2:]]
+      n_layers = leaf.shape[scan_axis]
+      per_layer = tuple(s for i, s in enumerate(leaf.shape) if i != scan_axis)
+      arr = np.stack([_convert(tensors.get(hf_tmpl.format(l=l)), kind, per_layer, hf_tmpl.format(l=l))
+                      for l in range(n_layers)], axis=scan_axis)
+    elif len(names) > 2 and names[0] == "decoder" and re.fullmatch(r"layers_\d+", str(names[1])) \
+        and names[2:] in _LAYER_MAP:  # unscanned layers
+      l = int(str(names[1]).split("_")[1])
+      hf_tmpl, kind = _LAYER_MAP[names[2:]]
+      arr = _convert(tensors.get(hf_tmpl.format(l=l)), kind, tuple(leaf.shape), hf_tmpl.format(l=l))
+    else:
+      raise HFImportError(f"no HF tensor maps to MaxText param {'/'.join(map(str, names))}")
+    out_flat[path] = np.asarray(arr, dtype=dtype)
+  treedef = jax.tree_util.tree_structure(abstract_params)
+  return jax.tree_util.tree_unflatten(treedef, [out_flat[p] for p, _ in
+                                                jax.tree_util.tree_flatten_with_path(abstract_params)[0]])
+
+
+def _check_model_matches(hf_dir: str, cfg: Config):
+  want = model_overrides(read_hf_config(hf_dir), cfg.model.logits_via_embedding)
+  for k, v in want.items():
+    have = getattr(cfg.model, k)
+    if k == "vocab_size":
+      if have < v:
+        raise HFImportError(f"model.vocab_size={have} is smaller than the HF vocab_size {v}")
+      continue
+    if k in ("normalization_layer_epsilon",):
+      ok = abs(have - v) <= 1e-12
+    else:
+      ok = have == v
+    if not ok:
+      raise HFImportError(f"model.{k}={have!r} does not match the HF folder ({v!r}); "
+                          f"build the config with rsi_jax.models.config_for_hf")
+
+
+def load_hf_params(hf_dir: str, actor) -> dict:
+  """Actor (or critic backbone) params from an HF Qwen3 folder, placed in ``actor.param_shardings``.
+
+  ``actor`` must be built from a config matching the folder (see :func:`config_for_hf`)."""
+  _check_model_matches(hf_dir, actor.cfg)
+  host = hf_to_maxtext_numpy(hf_dir, actor.abstract_params,
+                             scan_axis=int(getattr(actor.maxtext_config, "param_scan_axis", 1)))
+  return jax.tree.map(
+      lambda a, s: jax.make_array_from_callback(a.shape, s, lambda idx, a=a: a[idx]), host,
+      actor.param_shardings)
+
+
+def hf_logits(hf_dir: str, tokens, cfg: Config | None = None, positions=None, segment_ids=None,
+              actor=None) -> np.ndarray:
+  """float32 logits (B, T, V) of an HF Qwen3 folder through our import path and our MaxText actor.
+
+  Runs on one device by default (any batch size); pass ``cfg`` to choose mesh/dtype settings
+  (its model section is replaced by the folder's), or a prebuilt ``actor``."""
+  import jax.numpy as jnp
+
+  from rsi_jax.models.actor import Actor
+  from rsi_jax.models.mesh import build_mesh
+
+  tokens = np.asarray(tokens, np.int32)
+  if tokens.ndim == 1:
+    tokens = tokens[None]
+  b, t = tokens.shape
+  if actor is None:
+    one_device = cfg is None
+    base = cfg or with_overrides(Config(), {"mesh": {"ici_fsdp_parallelism": 1}})
+    cfg = config_for_hf(hf_dir, base, max_target_length=max(t, base.model.max_target_length))
+    actor = Actor(cfg, build_mesh(cfg, jax.devices()[:1] if one_device else None))
+  params = load_hf_params(hf_dir, actor)
+  if positions is None:
+    positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t))
+  if segment_ids is None:
+    segment_ids = np.ones((b, t), np.int32)
+  out = actor.logits(params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segment_ids))
+  if not out.is_fully_addressable:  # multi-host: rows live on other processes too
+    from jax.experimental import multihost_utils
+
+    out = multihost_utils.process_allgather(out, tiled=True)
+  return np.asarray(jax.device_get(out), np.float32)
+
+
+def convert_hf_checkpoint(hf_dir: str, out_dir: str, cfg: Config | None = None, with_critic: bool = True,
+                          seed: int = 0) -> Config:
+  """HF Qwen3 folder -> param-only Orbax checkpoint at ``out_dir`` with item ``actor`` (and ``critic``: the
+  same backbone weights plus a fresh value head from ``seed``). Returns the config the checkpoint belongs to
+  (``cfg`` with the folder's model section). Collective under multi-host: every process calls it."""
+  from rsi_jax.models.actor import Actor
+  from rsi_jax.models.checkpoint import save_params
+  from rsi_jax.models.critic import Critic
+
+  cfg = config_for_hf(hf_dir, cfg)
+  actor = Actor(cfg)
+  params = load_hf_params(hf_dir, actor)
+  critic_params = None
+  if with_critic:
+    critic_params = Critic(cfg, actor.mesh, actor.maxtext_config).init_from_actor(params,
+                                                                                  jax.random.PRNGKey(seed))
+  save_params(out_dir, actor=params, critic=critic_params)
+  return cfg

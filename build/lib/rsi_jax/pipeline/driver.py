@@ -1,0 +1,611 @@
+"""The training program: the phase plan as one resumable, observable run (``python -m rsi_jax.train``).
+
+Base ─RSR-1─► θ1 ─critic seed─► φ_seed ─RPR-1─► (θ1⁺, φ1⁺) ─RSR-2─► θ2 (Δφ = 0) ─RPR-2─► final
+
+The driver owns the order of the phases, where each phase's weights come from, checkpoints, resume, metrics
+and the console; each phase (:mod:`rsi_jax.pipeline.phases`) owns what its steps do. For every phase:
+
+1. starting weights: ``pipeline.actor_from`` / ``critic_from`` (the previous phase's output by default,
+   ``init``, or a checkpoint folder) — weights only; optimizer states start fresh (checked) and the RNG
+   seed is the phase's own;
+2. resume: if the phase's checkpoint folder holds a complete step, params, optimizer states, update
+   counter, seed and rollout cursor are restored from it and the phase continues after that step;
+3. steps, each logged (``metrics.jsonl``, TensorBoard, one console line) and checkpointed every
+   ``pipeline.checkpoint_every`` steps and at the phase's end (asynchronous Orbax writes); SIGTERM finishes
+   the current step, saves, and stops with :class:`Preempted`;
+4. invariants: Δφ = 0 across a phase that does not train the critic (RSR), a fresh optimizer state at every
+   phase start; a violation raises :class:`~rsi_jax.pipeline.phases.InvariantError`;
+5. a lineage entry (``lineage.json``): where its weights came from, its output, content digests of both
+   roles, the config digest, the reward-table digest and the code version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from etils import epath
+from jax.sharding import NamedSharding, PartitionSpec
+
+from rsi_jax.config import (REPO_ROOT, Config, ConfigError, _deep_merge, _to_plain, dump_config,
+                            load_phase_overlay, phase_kind, with_overrides)
+from rsi_jax.models.checkpoint import join, local_or_url, params_digest, resolve_checkpoint
+from rsi_jax.pipeline.phases import PHASES, InvariantError, PhaseState, RunContext
+
+LINEAGE = "lineage.json"
+PREVIOUS, INIT = "previous", "init"
+
+
+class PreflightError(ValueError):
+  """The run cannot start (before any model is built); the message is one line saying why."""
+
+
+class Preempted(Exception):
+  """SIGTERM: the current step finished and a checkpoint was written (``args[0]``: its folder)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseSpec:
+  name: str
+  kind: str  # rsr | critic_seed | rpr
+  cfg: Config  # the phase's config (overlay, phase_overrides, command line)
+  actor_from: str  # previous | init | a checkpoint folder
+  critic_from: str
+
+
+def phase_config(cfg: Config, phase: str, cli_overrides: Sequence[str] = ()) -> Config:
+  """The config a phase runs with: ``cfg`` (base file, run file, command line) with the phase's overlay file
+  and ``pipeline.phase_overrides[phase]`` applied over it, then the command-line overrides again, so a
+  ``key=value`` given on the command line wins over every phase file."""
+  try:
+    tree = _deep_merge(load_phase_overlay(phase), _to_plain(cfg.pipeline.phase_overrides.get(phase, {})))
+    return with_overrides(with_overrides(cfg, tree), cli_overrides)
+  except ConfigError as e:
+    raise ConfigError(f"phase {phase}: {e}") from None
+
+
+def build_plan(cfg: Config, cli_overrides: Sequence[str] = ()) -> list[PhaseSpec]:
+  """The phases of ``pipeline.phases`` with their configs and weight sources (ConfigError names the key)."""
+  plan = []
+  for name in cfg.pipeline.phases:
+    kind = phase_kind(name)
+    pcfg = phase_config(cfg, name, cli_overrides)
+    critic_default = INIT if kind == "critic_seed" else PREVIOUS
+    plan.append(PhaseSpec(name, kind, pcfg, str(cfg.pipeline.actor_from.get(name, PREVIOUS)),
+                          str(cfg.pipeline.critic_from.get(name, critic_default))))
+  return plan
+
+
+def run_dir_of(cfg: Config) -> str:
+  return local_or_url(join(cfg.run.output_dir, cfg.run.name))
+
+
+def checkpoint_root(cfg: Config) -> str:
+  """Where the phases' checkpoint folders go; an object-store URL is kept exactly as given."""
+  return local_or_url(cfg.pipeline.checkpoint_dir or join(run_dir_of(cfg), "checkpoints"))
+
+
+def existing_run(cfg: Config) -> list[str]:
+  """What of an earlier run the run folder holds (empty: a new run)."""
+  rd, found = epath.Path(run_dir_of(cfg)), []
+  for f in (LINEAGE, "metrics.jsonl"):
+    if (rd / f).exists():
+      found.append(f)
+  ck = epath.Path(checkpoint_root(cfg))
+  if ck.exists() and any(ck.iterdir()):
+    found.append(str(ck))
+  return found
+
+
+def preflight(cfg: Config, cli_overrides: Sequence[str] = (), num_devices: int | None = None) -> list[PhaseSpec]:
+  """Everything that can be checked before a model is built, each failure a one-line PreflightError."""
+  from rsi_jax.env.tasks import TaskError, load_tasks
+  from rsi_jax.models.mesh import resolve_parallelism
+  from rsi_jax.rl.divisors import divisor_table_from_config
+
+  try:
+    plan = build_plan(cfg, cli_overrides)
+  except ConfigError as e:
+    raise PreflightError(str(e)) from None
+  n_dev = jax.device_count() if num_devices is None else num_devices
+  for spec in plan:
+    c = spec.cfg
+    try:
+      ici, dcn = resolve_parallelism(c, n_dev)
+    except ConfigError as e:
+      hint = ""
+      if jax.default_backend() == "cpu":
+        hint = (f" (on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N gives N devices; this process "
+                f"has {n_dev})")
+      raise PreflightError(f"{e}{hint}") from None
+    shards = (ici["ici_data_parallelism"] * ici["ici_fsdp_parallelism"] * dcn["dcn_data_parallelism"]
+              * dcn["dcn_fsdp_parallelism"])
+    if c.rollout.global_batch % shards:
+      raise PreflightError(f"rollout.global_batch: {c.rollout.global_batch} is not divisible by the mesh's "
+                           f"batch shards (data x fsdp = {shards} on {n_dev} devices) in phase {spec.name}")
+    if spec.kind != "rsr":
+      try:
+        table = divisor_table_from_config(c.reward)
+      except (OSError, ValueError, TypeError, KeyError) as e:
+        raise PreflightError(f"reward.divisor_table: cannot read {c.reward.divisor_table!r} (phase "
+                             f"{spec.name}): {e}") from None
+      if table.kind != c.reward.kind:
+        raise PreflightError(f"reward.divisor_table: {c.reward.divisor_table} is a table for {table.kind!r} "
+                             f"rewards but phase {spec.name} uses reward.kind={c.reward.kind!r} (set the "
+                             f"table per phase with pipeline.phase_overrides)")
+    if spec.kind == "rsr":
+      from rsi_jax.rsr.runbook import load_template
+      for key in ("plan_template", "exec_template") + (("judge_template",) if c.rsr.judge else ()):
+        try:
+          load_template(getattr(c.rsr, key))
+        except FileNotFoundError as e:
+          raise PreflightError(f"rsr.{key} (phase {spec.name}): {e}") from None
+    for src_key, src in (("actor_from", spec.actor_from), ("critic_from", spec.critic_from)):
+      if src not in (PREVIOUS, INIT):
+        try:
+          resolve_checkpoint(src)
+        except FileNotFoundError as e:
+          raise PreflightError(f"pipeline.{src_key}.{spec.name}: {e}") from None
+  for tasks_dir in sorted({s.cfg.env.tasks_dir for s in plan}):
+    try:
+      load_tasks(tasks_dir)
+    except TaskError as e:
+      raise PreflightError(f"env.tasks_dir: {e}") from None
+  if cfg.run.resume == "never":
+    found = existing_run(cfg)
+    if found:
+      raise PreflightError(f"run.resume=never but the run folder {run_dir_of(cfg)} already holds a run "
+                           f"({', '.join(found)}): choose another run.name or use run.resume=auto")
+  return plan
+
+
+def pick_tasks(tasks, n: int):
+  """Up to n tasks (0 = all), round-robin over families so every family is represented."""
+  if n <= 0 or n >= len(tasks):
+    return list(tasks)
+  by_family: dict[str, list] = {}
+  for t in tasks:
+    by_family.setdefault(t.family, []).append(t)
+  out, i = [], 0
+  while len(out) < n:
+    for fam in sorted(by_family):
+      if i < len(by_family[fam]) and len(out) < n:
+        out.append(by_family[fam][i])
+    i += 1
+  return out
+
+
+@functools.cache
+def code_version() -> str:
+  try:
+    p = subprocess.run(["git", "describe", "--always", "--dirty", "--tags"], cwd=REPO_ROOT, capture_output=True,
+                       text=True, timeout=10)
+    if p.returncode == 0 and p.stdout.strip():
+      return p.stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    pass
+  from importlib.metadata import PackageNotFoundError, version
+  try:
+    return f"rsi_jax {version('rsi_jax')}"
+  except PackageNotFoundError:
+    return "unknown"
+
+
+def config_digest(cfg: Config) -> str:
+  return hashlib.sha256(dump_config(cfg).encode()).hexdigest()[:16]
+
+
+def _adam_counts(opt_state) -> list[int]:
+  leaves = jax.tree_util.tree_flatten_with_path(opt_state)[0]
+  return [int(jax.device_get(x)) for path, x in leaves if "count" in jax.tree_util.keystr(path)]
+
+
+def check_fresh(train, phase: str):
+  """Invariant (App. A): a phase starts with fresh optimizer states (nothing carried across phases)."""
+  for role in ("actor_opt", "critic_opt"):
+    st = getattr(train, role)
+    if st is not None and any(_adam_counts(st)):
+      raise InvariantError(f"{phase}: {role} starts with optimizer state carried from elsewhere "
+                           f"(update counts {_adam_counts(st)})")
+  if int(jax.device_get(train.step)) != 0:
+    raise InvariantError(f"{phase}: update counter starts at {int(jax.device_get(train.step))}, not 0")
+
+
+class _Stop:
+  """SIGTERM -> stop after the current step (a pod preemption notice); multi-host through JAX's
+  preemption sync point, so every process stops at the same step."""
+
+  def __init__(self):
+    self.requested = False
+    self._old = None
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._old = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._old is not None:
+      signal.signal(signal.SIGTERM, self._old)
+
+  def now(self, step: int) -> bool:
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      try:
+        return multihost_utils.reached_preemption_sync_point(step) or self.requested
+      except Exception:  # noqa: BLE001 - no preemption service (jax.distributed without it)
+        pass
+    return self.requested
+
+
+class Console:
+  """The lines a person reads: one per phase step, a header per phase, progress bars."""
+
+  def __init__(self, out=None, err=None, progress: bool = True):
+    self.out = out or sys.stdout
+    self.err = err or sys.stderr
+    self.progress = progress
+    self._bar = None
+
+  def line(self, text: str):
+    if self._bar is not None:
+      self._bar.clear()
+    print(text, file=self.out, flush=True)
+    if self._bar is not None:
+      self._bar.refresh()
+
+  def bar(self, total: int, initial: int, desc: str):
+    from rsi_jax.log import progress
+    self._bar = progress(total=total, desc=desc, enabled=self.progress, file=self.err)
+    self._bar.update(initial)
+    return self._bar
+
+  def close_bar(self):
+    if self._bar is not None:
+      self._bar.close()
+      self._bar = None
+
+
+def format_step(name: str, i: int, n: int, m: dict) -> str:
+  """``[rpr1 2/36] joint  reward 0.123  success 0.25  ...`` (the keys that the phase reported)."""
+  def f(k, fmt, label=None):
+    v = m.get(k)
+    return f"{label or k} {format(v, fmt)}" if isinstance(v, (int, float)) else None
+  if "nll_per_token" in m:
+    parts = ["sft", f("nll_per_token", ".4f", "nll/token"), f("sft_tokens", "d", "tokens"),
+             f("actor_grad_norm", ".3g", "|g|")]
+  else:
+    parts = ["joint" if m.get("train_actor") else "critic-only", f("reward_mean", ".3f", "reward"),
+             f("success_mean", ".2f", "success"), f("turns_mean", ".1f", "turns"), f("loss", ".4f"),
+             f("value/explained_variance", ".3f", "EV"), f("mismatch/abs_mean", ".1e", "logprob gap"),
+             f("infra_failures", "d", "infra"), f("aborted_episodes", "d", "aborted")]
+  if m.get("skipped_updates"):
+    parts.append(f"SKIPPED {m['skipped_updates']} non-finite update(s)")
+  parts.append(f("step_seconds", ".1f", "s"))
+  return f"[{name} {i + 1}/{n}] " + "  ".join(p for p in parts if p)
+
+
+class Driver:
+  """Runs ``cfg``'s phase plan in ``run.output_dir/run.name``, resuming what is there (``run.resume``)."""
+
+  def __init__(self, cfg: Config, cli_overrides: Sequence[str] = (), console: Console | None = None,
+               on_step: Callable[[str, int, dict], None] | None = None):
+    self.cfg = cfg
+    self.cli = list(cli_overrides)
+    self.console = console or Console(progress=cfg.run.progress)
+    self.on_step = on_step  # test hook: called after each step is logged and checkpointed
+    self.run_dir = run_dir_of(cfg)
+    self.ckpt_root = checkpoint_root(cfg)
+    self._evaluated: dict[str, str] = {}  # actor digest -> the evaluation that measured it
+
+  # -------------------------------------------------------------------------------------------- run
+
+  def run(self) -> dict:
+    from rsi_jax.pipeline.metrics import MetricLogger
+
+    plan = preflight(self.cfg, self.cli)
+    rd = epath.Path(self.run_dir)
+    resumed = bool(existing_run(self.cfg))
+    rd.mkdir(parents=True, exist_ok=True)
+    self._write_config(rd, resumed)
+    self.lineage = json.loads((rd / LINEAGE).read_text()) if (rd / LINEAGE).exists() else []
+    done = {e["phase"]: e for e in self.lineage}
+    self.metrics = MetricLogger(self.run_dir)
+    ctx = self._context()
+    mem = {}  # weights of the phase this process just ran: {"entry": ..., "actor": ..., "critic": ...}
+    prev = None
+    t0 = time.time()
+    try:
+      with _Stop() as stop:
+        for index, spec in enumerate(plan):
+          if spec.name in done:
+            prev = done[spec.name]
+            self.console.line(f"[{spec.name}] done earlier: {prev['output']}")
+            continue
+          prev, mem = self._run_phase(ctx, plan, index, spec, prev, mem, stop)
+      report = self._final_report()
+    finally:
+      if ctx.sampler is not None:
+        ctx.sampler.close()
+      ctx.pool.close()
+      self.metrics.close()
+    plots = self.metrics.plot()
+    counts = dict(ctx.pool.counts)
+    return {"run_dir": self.run_dir, "checkpoints": self.ckpt_root, "lineage": str(rd / LINEAGE),
+            "eval_report": report,
+            "metrics": str(rd / "metrics.jsonl"), "tensorboard": str(rd / "tensorboard"),
+            "plots": str(rd / "plots"), "plot_files": plots, "final": prev["output"] if prev else None,
+            "episodes": counts.pop("episodes", 0), "infra_failures": counts.pop("infra_failures", 0),
+            "aborted": counts.pop("aborted", 0),
+            "seconds": time.time() - t0, "resumed": resumed}
+
+  # --------------------------------------------------------------------------------------- evaluation
+
+  def _eval_dir(self, phase: str, step: int | None = None):
+    d = epath.Path(self.run_dir) / "eval" / phase
+    return d if step is None else d / str(step)
+
+  def _evaluate(self, ctx, phase: str, step: int, actor_params):
+    """In-training evaluation (``eval.tasks_dir``): the actor through the sampler and harness code of
+    ``python -m rsi_jax.eval``, into ``<run>/eval/<phase>/<step>/``, ``eval/metrics.jsonl`` and TensorBoard
+    (``eval/<suite>/*``). Skipped when that folder already holds a result (a resumed run)."""
+    from rsi_jax.eval.run import evaluate_policy, suite_tasks
+    cfg = self.cfg
+    if not cfg.eval.tasks_dir:
+      return None
+    out = self._eval_dir(phase, step)
+    if (out / "summary.json").exists():
+      return None
+    digest = params_digest(actor_params)
+    if digest in self._evaluated:  # e.g. the critic seed's frozen actor: the same weights were just measured
+      self.console.line(f"[{phase}] eval after step {step} skipped: the actor is the one evaluated at "
+                        f"{self._evaluated[digest]} ({digest})")
+      return None
+    self._evaluated[digest] = f"{phase} step {step}"
+    if ctx.eval_suite is None:
+      ctx.eval_suite = suite_tasks(cfg, cfg.eval.tasks_dir)
+    tasks, strata = ctx.eval_suite
+    ctx.serve(actor_params)
+    suite = epath.Path(cfg.eval.tasks_dir).name
+    rep = evaluate_policy(cfg, ctx.pool, tasks, ctx.sampler, ctx.renderer, strata=strata,
+                          info={"suite": suite, "tasks_dir": cfg.eval.tasks_dir, "phase": phase, "step": step,
+                                "actor_digest": digest})
+    out.mkdir(parents=True, exist_ok=True)
+    rep.write(out)
+    m = rep.metrics()
+    keep = {k: m[k] for k in ("mean_at_r", "pass_at_r", "mean_at_r_with_infra_as_failure", "process_reward",
+                              "strict_completions", "infra_failures")}
+    self.metrics.log_eval(phase, step, suite, keep)
+    pct = lambda x: "n/a" if x is None else f"{x:.1f}%"  # noqa: E731
+    self.console.line(f"[{phase}] eval after step {step} on {suite} ({m['n_tasks']} tasks x {m['runs']}): "
+                      f"Mean@{m['runs']} {pct(m['mean_at_r'])}, pass@{m['runs']} {pct(m['pass_at_r'])}, "
+                      f"infrastructure failures {m['infra_failures']}")
+    return m
+
+  def _final_report(self):
+    """The stage report over every phase's last evaluation (``<run>/eval/report/``)."""
+    if not self.cfg.eval.tasks_dir:
+      return None
+    from rsi_jax.eval.report import report_run
+    out = epath.Path(self.run_dir) / "eval" / "report"
+    try:
+      report_run(self.run_dir, str(out))
+    except FileNotFoundError:
+      return None
+    self.console.line(f"evaluation report: {out / 'report.md'}")
+    return str(out)
+
+  def _write_config(self, rd, resumed: bool):
+    text = dump_config(self.cfg)
+    f = rd / "config.yml"
+    if resumed and f.exists() and _without_console_keys(f.read_text()) != _without_console_keys(text):
+      old = f.read_text()
+      n = len(list(rd.glob("config.*.yml")))
+      (rd / f"config.{n}.yml").write_text(old)
+      self.console.line(f"note: the config differs from the one this run started with (kept as "
+                        f"config.{n}.yml); resuming with the new one")
+    f.write_text(text)
+
+  def _context(self) -> RunContext:
+    from rsi_jax.env import EnvPool, load_tasks
+    from rsi_jax.models import Actor, ChatRenderer, Critic, build_mesh, load_tokenizer
+
+    cfg = self.cfg
+    mesh = build_mesh(cfg)
+    actor, critic = Actor(cfg, mesh), Critic(cfg, mesh)
+    tok = load_tokenizer(cfg.model.tokenizer_path)
+    tasks = pick_tasks(load_tasks(cfg.env.tasks_dir), cfg.env.max_tasks)
+    run_id = f"{cfg.run.name}-{uuid.uuid4().hex[:6]}"
+    pool = EnvPool.from_config(cfg.env, run_id, hygiene_patterns=cfg.reward.hygiene_patterns)
+    for name, lines in sorted(pool.check_base_images(tasks).items()):
+      for line in lines:
+        self.console.line(f"warning: task {name}: {line}")
+    n = sum(x.size for x in jax.tree.leaves(actor.abstract_params))
+    axes = {k: v for k, v in mesh.shape.items() if v > 1} or {"single device": 1}
+    self.console.line(f"rsi_jax run {self.run_dir}: MaxText Qwen3 '{cfg.model.name}' ({n:,} params) on mesh "
+                      f"{axes} ({mesh.devices.size} {jax.default_backend()} device(s)); {len(tasks)} tasks from "
+                      f"{cfg.env.tasks_dir}; phases {' -> '.join(cfg.pipeline.phases)}")
+    return RunContext(cfg, mesh, actor, critic, tok, ChatRenderer(tok), pool, tasks, self.run_dir)
+
+  # ------------------------------------------------------------------------------------------ phases
+
+  def _run_phase(self, ctx, plan, index, spec, prev, mem, stop):
+    from rsi_jax.pipeline.checkpoints import PhaseCheckpoints, opt_targets
+
+    t0 = time.time()
+    cfg = spec.cfg
+    workdir = lambda name: join(self.run_dir, "phases", name)  # noqa: E731
+    phase = PHASES[spec.kind](spec.name, cfg, ctx, workdir(spec.name),
+                              earlier=[(p.name, p.kind, workdir(p.name)) for p in plan[:index]])
+    ckpts = PhaseCheckpoints(join(self.ckpt_root, spec.name), keep=cfg.pipeline.keep_checkpoints)
+    latest = ckpts.latest_step()
+    if latest is not None:  # resume this phase from its newest complete checkpoint
+      targets = {"actor": ctx.actor.abstract_params, "critic": ctx.critic.abstract_params}
+      for item, opt in phase.optimizers().items():
+        targets[item] = opt_targets(ctx.actor if item == "actor_opt" else ctx.critic, opt)
+      trees, meta = ckpts.restore(latest, targets)
+      rep = NamedSharding(ctx.mesh, PartitionSpec())
+      train = _train_state(trees, jax.device_put(jnp.asarray(meta["update"], jnp.int32), rep))
+      carried = trees.get("critic") if not phase.uses_critic else None
+      if not phase.uses_critic:
+        train = train._replace(critic=None)
+      state = PhaseState(train, seed=int(meta["seed"]), cursor=int(meta["cursor"]), data=meta.get("data_state"))
+      started_from, start_digest = meta["started_from"], meta.get("critic_digest_at_start")
+      self.console.line(f"[{spec.name}] resuming after step {latest} ({ckpts.step_dir(latest)})")
+    else:
+      actor_p, actor_src = self._actor_start(ctx, spec, index, prev, mem)
+      critic_p, critic_src = self._critic_start(ctx, spec, index, prev, mem, actor_p, phase.uses_critic)
+      train = phase.init_state(actor_p, critic_p if phase.uses_critic else None)
+      check_fresh(train, spec.name)
+      carried = None if phase.uses_critic else critic_p
+      state = PhaseState(train, seed=_phase_seed(self.cfg.run.seed, spec.name))
+      started_from = {"actor": actor_src, "critic": critic_src}
+      start_digest = params_digest(critic_p) if critic_p is not None else None
+      latest = 0
+    try:
+      return self._steps(ctx, spec, phase, ckpts, state, latest, started_from, start_digest, carried, stop, t0)
+    finally:
+      phase.close()
+      ckpts.close()
+
+  def _steps(self, ctx, spec, phase, ckpts, state, latest, started_from, start_digest, carried, stop, t0):
+    cfg = spec.cfg
+    phase.setup(state.train.actor, latest)
+    n = phase.num_steps
+    self.metrics.truncate(list(self.cfg.pipeline.phases), spec.name, latest)
+    for d in (self._eval_dir(spec.name).glob("*") if self._eval_dir(spec.name).exists() else []):
+      if d.name.isdigit() and int(d.name) > latest:  # evaluations of the steps about to be redone
+        d.rmtree()
+    self.console.line(f"[{spec.name}] {spec.kind}: {phase.describe()}; weights: actor <- "
+                      f"{started_from['actor']}, critic <- {started_from['critic']}")
+    for line in phase.report().splitlines():
+      self.console.line(f"[{spec.name}]   {line}")
+
+    def meta():
+      return {"phase": spec.name, "seed": state.seed, "cursor": state.cursor, "data_state": state.data,
+              "started_from": started_from,
+              "critic_digest_at_start": start_digest, "reward_table_digest": phase.reward_digest(),
+              "config_digest": config_digest(cfg)}
+
+    def full(train):  # what a checkpoint of this phase holds: the carried critic too
+      return train if phase.uses_critic else train._replace(critic=carried)
+
+    if list(self.cfg.pipeline.phases).index(spec.name) == 0 and latest == 0:
+      self._evaluate(ctx, "base", 0, state.train.actor)  # the first phase's starting actor
+    every = cfg.pipeline.eval_every
+    bar = self.console.bar(n, latest, spec.name)
+    try:
+      for i in range(latest, n):
+        state, m = phase.step(state, i)
+        self.metrics.log(spec.name, spec.kind, i + 1, m)
+        self.console.line(format_step(spec.name, i, n, m))
+        bar.update(1)
+        preempt = stop.now(i + 1)
+        if (i + 1) % cfg.pipeline.checkpoint_every == 0 or i + 1 == n or preempt:
+          ckpts.save(i + 1, full(state.train), meta())
+        if self.on_step is not None:
+          self.on_step(spec.name, i + 1, m)
+        if preempt and i + 1 < n:
+          ckpts.wait()
+          raise Preempted(ckpts.step_dir(i + 1))
+        if (i + 1) % every == 0 and i + 1 < n:
+          self._evaluate(ctx, spec.name, i + 1, state.train.actor)
+      if n == 0 and ckpts.latest_step() is None:  # nothing to train on: the phase's output is its input
+        ckpts.save(0, full(state.train), meta())
+      ckpts.wait()
+    finally:
+      self.console.close_bar()
+    actor_out, critic_out = state.train.actor, (state.train.critic if phase.uses_critic else carried)
+    self._evaluate(ctx, spec.name, n, actor_out)  # each phase's final weights
+    entry = {"phase": spec.name, "kind": spec.kind, "started_from": started_from, "output": ckpts.step_dir(n),
+             "steps": n, "optimizer": "fresh at phase start (weights-only handoff)",
+             "actor_digest": params_digest(actor_out),
+             "critic_digest": params_digest(critic_out) if critic_out is not None else None,
+             "config_digest": config_digest(cfg), "reward_table_digest": phase.reward_digest(),
+             "reward": cfg.reward.kind if spec.kind != "rsr" else None,
+             "actor_lr": cfg.actor_optim.learning_rate if phase.trains_actor else None,
+             "critic_lr": cfg.critic_optim.learning_rate if phase.uses_critic else None,
+             "code_version": code_version(), "seconds": round(time.time() - t0, 1), **phase.lineage_extra()}
+    if not phase.uses_critic and entry["critic_digest"] != start_digest:
+      # Invariant: Δφ = 0 across a phase that does not train the critic (RSR).
+      raise InvariantError(f"{spec.name}: the critic changed across an actor-only phase (digest "
+                           f"{start_digest} -> {entry['critic_digest']}): Δφ must be 0")
+    self.lineage.append(entry)
+    rd = epath.Path(self.run_dir)
+    tmp = rd / (LINEAGE + ".tmp")
+    tmp.write_text(json.dumps(self.lineage, indent=1))
+    tmp.replace(rd / LINEAGE)
+    self.metrics.plot()
+    self.console.line(f"[{spec.name}] done in {entry['seconds']:.0f}s: {entry['output']} (actor "
+                      f"{entry['actor_digest']}, critic {entry['critic_digest']})")
+    return entry, {"entry": entry, "actor": actor_out, "critic": critic_out}
+
+  def _actor_start(self, ctx, spec, index, prev, mem):
+    src = spec.actor_from
+    if src == PREVIOUS and prev is not None:
+      if mem.get("entry") is prev:
+        return mem["actor"], prev["output"]
+      return self._restore(ctx, prev["output"], "actor"), prev["output"]
+    if src in (PREVIOUS, INIT):
+      p = ctx.actor.initial_params(jax.random.key(self.cfg.run.seed))
+      return p, (f"hf:{self.cfg.model.hf_path}" if self.cfg.model.hf_path else f"init(seed={self.cfg.run.seed})")
+    path = resolve_checkpoint(src)
+    return self._restore(ctx, path, "actor"), path
+
+  def _critic_start(self, ctx, spec, index, prev, mem, actor_params, needed: bool):
+    src = spec.critic_from
+    if src == PREVIOUS and prev is not None and prev.get("critic_digest") is not None:
+      if mem.get("entry") is prev:
+        return mem["critic"], prev["output"]
+      return self._restore(ctx, prev["output"], "critic"), prev["output"]
+    if src == PREVIOUS and not needed:
+      return None, None  # no critic exists yet; an actor-only phase needs none
+    if src in (PREVIOUS, INIT):
+      key = jax.random.fold_in(jax.random.key(self.cfg.run.seed), _phase_seed(0, spec.name))
+      return (ctx.critic.init_from_actor(actor_params, key),
+              f"backbone of the phase's starting actor + fresh value head (seed {self.cfg.run.seed})")
+    path = resolve_checkpoint(src)
+    return self._restore(ctx, path, "critic"), path
+
+  @staticmethod
+  def _restore(ctx, path: str, role: str):
+    from rsi_jax.models.checkpoint import restore_params
+    model = ctx.actor if role == "actor" else ctx.critic
+    return restore_params(path, **{role: model.abstract_params})[role]
+
+
+def _without_console_keys(config_yaml: str) -> dict:
+  """A dumped config without the keys that do not change what a run computes."""
+  import yaml
+  d = yaml.safe_load(config_yaml) or {}
+  for k in ("progress", "log_level", "resume"):
+    d.get("run", {}).pop(k, None)
+  return d
+
+
+def _train_state(trees: dict, step):
+  from rsi_jax.models.optim import TrainState
+  return TrainState(trees["actor"], trees.get("actor_opt"), trees.get("critic"), trees.get("critic_opt"), step)
+
+
+def _phase_seed(seed: int, phase: str) -> int:
+  from rsi_jax.pipeline.rollouts import derive_seed
+  return derive_seed(seed, "phase", phase)
+
+
+__all__ = ["Driver", "PhaseSpec", "Preempted", "PreflightError", "InvariantError", "build_plan", "preflight",
+           "checkpoint_root", "run_dir_of"]

@@ -1,0 +1,316 @@
+"""The Recursive Self-Rewrite funnel (paper §2.1, Eq. 2–3; SPEC §5): discovery → C(τ) → planning → review →
+fresh execution → leakage screen → projection → Q_clean.
+
+:func:`run_funnel` runs it for one RSR phase and returns Q_clean's samples, a record per accepted item and a
+manifest with the count of every stage (overall, per task family, per discovery harness). Infrastructure
+failures (a container that died, a verifier that hung) are counted apart and never scored.
+:class:`QClean` serves the accepted multiset to SFT as a grain data source (uniform sampling, multiplicities
+kept, a checkpointable iterator).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import dataclasses
+import json
+import threading
+from collections.abc import Callable, Sequence
+
+import grain
+import numpy as np
+from etils import epath
+
+from rsi_jax.env.harness import ChatHarness, Segment
+from rsi_jax.policy import FINISH_LENGTH, FINISH_REJECTED, SamplingParams
+from rsi_jax.rl.batch import Sample, episode_samples, save_samples
+from rsi_jax.rl.outcome_table import outcome_row
+from rsi_jax.rsr.control import strip_control
+from rsi_jax.rsr.review import ModelJudge, review, screen_trajectory
+from rsi_jax.rsr.runbook import load_template, parse_runbook
+
+STAGES = ("attempted", "discovered", "planned", "reviewed", "executed", "verified", "leak_screened", "accepted")
+MANIFEST = "rsr_manifest.json"
+
+
+class ProjectionError(RuntimeError):
+  """A trajectory's prompt is not the one its harness renders: it cannot be projected safely."""
+
+
+@dataclasses.dataclass
+class FunnelResult:
+  episodes: list[list[Sample]]  # Q_clean, one entry per accepted execution (the multiset)
+  records: list[dict]  # what each entry is: task, family, discovery harness, runbook, repeat, episode id
+  manifest: dict
+
+
+class _Counts:
+  def __init__(self):
+    self.total = collections.Counter()
+    self.family = collections.defaultdict(collections.Counter)
+    self.harness = collections.defaultdict(collections.Counter)
+
+  def add(self, key: str, family: str, harness: str, n: int = 1):
+    self.total[key] += n
+    self.family[family][key] += n
+    self.harness[harness][key] += n
+
+  def table(self, c: collections.Counter) -> dict:
+    d = {s: int(c.get(s, 0)) for s in STAGES}
+    d["review_rejected"] = int(c.get("review_rejected", 0))  # runbooks (one may have several reasons)
+    d["rejected"] = {k[len("rejected:"):]: int(v) for k, v in sorted(c.items()) if k.startswith("rejected:")}
+    d["infra_failures"] = {k[len("infra:"):]: int(v) for k, v in sorted(c.items()) if k.startswith("infra:")}
+    return d
+
+
+def project(result, harness: ChatHarness, task) -> list[Segment]:
+  """𝒫: the executed trajectory conditioned on the public instruction only. Each segment's initial prompt
+  (system prompt, private guidance I_exec ⊕ x_pub ⊕ b, the summary of earlier segments) is replaced by the
+  prompt the harness renders without guidance; the sampled ids, their generated-token mask, logprobs,
+  weight versions and the observations that follow are kept exactly."""
+  summaries = {t.segment: t.text for t in result.turns if t.kind == "summary"}
+  out = []
+  for seg in result.segments:
+    first = next((t for t in result.turns if t.segment == seg.index), None)
+    if first is None:
+      raise ProjectionError(f"{task.name} segment {seg.index}: no turn recorded for it")
+    n = len(first.prompt_ids)
+    summary = summaries.get(seg.index - 1)
+    private = np.asarray(harness.initial_prompt(task, summary=summary, private=True), np.int32)
+    if len(private) != n or not np.array_equal(seg.ids[:n], private) or seg.gen_mask[:n].any():
+      raise ProjectionError(f"{task.name} segment {seg.index}: its prompt is not the harness's guided prompt")
+    public = np.asarray(harness.initial_prompt(task, summary=summary, private=False), np.int32)
+    k = len(public)
+    out.append(Segment(seg.index, np.concatenate([public, seg.ids[n:]]).astype(np.int32),
+                       np.concatenate([np.zeros(k, bool), seg.gen_mask[n:]]),
+                       np.concatenate([np.zeros(k, np.float32), seg.logprobs[n:]]).astype(np.float32),
+                       np.concatenate([np.full(k, -1, np.int32), seg.turn_ids[n:]]).astype(np.int32),
+                       np.concatenate([np.full(k, -1, np.int32), seg.weight_versions[n:]]).astype(np.int32)))
+  return out
+
+
+class QClean(grain.sources.RandomAccessDataSource):
+  """Q_clean as a grain data source: item i is the index of the i-th accepted trajectory (several accepted
+  executions of one runbook or task are several items: the multiset's multiplicities)."""
+
+  def __init__(self, records: Sequence[dict]):
+    self.records = list(records)
+
+  def __len__(self):
+    return len(self.records)
+
+  def __getitem__(self, i):
+    return int(i)
+
+  def batches(self, seed: int, epochs: int, batch_size: int) -> grain.MapDataset:
+    """``epochs`` passes, each a fresh seeded permutation (uniform sampling without replacement within a
+    pass), in batches of ``batch_size`` item indices (the last may be short)."""
+    return grain.MapDataset.source(self).seed(int(seed)).shuffle().repeat(int(epochs)).batch(int(batch_size))
+
+
+def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object], *, label: str,
+               workdir: str | None = None, log: Callable[[str], None] = lambda s: None,
+               input_digest: str | None = None) -> FunnelResult:
+  """One RSR funnel over ``tasks`` with the actor behind ``policy_for(tag)`` (a Policy per episode or call;
+  ``tag`` names it, for seeding). ``cfg``: the phase's :class:`~rsi_jax.config.Config`; ``input_digest``:
+  the actor's digest, recorded in the manifest."""
+  from rsi_jax.env import make_harness
+  r, ro = cfg.rsr, cfg.rollout
+  plan_t, exec_t = load_template(r.plan_template), load_template(r.exec_template)
+  judge_t = load_template(r.judge_template) if r.judge else None
+  sampling = SamplingParams(temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
+                            max_new_tokens=ro.max_new_tokens)
+  plan_sampling = dataclasses.replace(sampling, max_new_tokens=r.runbook_max_tokens)
+  counts = _Counts()
+  network = cfg.env.network != "none"
+
+  # 1. discovery: every task under every harness, rsr.discovery_attempts times; keep what verifies
+  jobs = [(t, h, a) for t in tasks for h in r.harnesses for a in range(r.discovery_attempts)]
+  futs = [pool.submit(t, make_harness(h, policy_for(("discover", t.name, h, a)), renderer, sampling,
+                                      env_cfg=cfg.env)) for t, h, a in jobs]
+  discovered, outcomes = [], []
+  for (t, h, _), f in zip(jobs, futs):
+    res = f.result()
+    outcomes.append(outcome_row(0, res))  # the verifier's reports: FDR calibration of later rollout phases
+    counts.add("attempted", t.family, h)
+    if res.infra_failure:
+      counts.add(f"infra:discovery:{res.failure_kind or 'unknown'}", t.family, h)
+    elif res.success == 1:
+      counts.add("discovered", t.family, h)
+      discovered.append((t, h, res))
+  log(f"discovery: {len(discovered)} verified of {len(jobs)} episodes")
+  if r.num_runbooks == 0:  # the runbook stage off: verified self-imitation
+    return _self_imitation(cfg, tasks, discovered, counts, label, workdir, input_digest, log, outcomes)
+
+  # 2-3. planning from C(τ), then the review gate
+  judge = ModelJudge(policy_for(("judge",)), renderer, judge_t, dataclasses.replace(
+      sampling, temperature=0.0, max_new_tokens=64)) if judge_t is not None else None
+  plans = [(d, k) for d in range(len(discovered)) for k in range(r.num_runbooks)]
+
+  def plan(d: int, k: int):
+    t, h, res = discovered[d]
+    prompt = plan_t.render(instruction=t.instruction.strip(),
+                           transcript=strip_control(res.messages(), h, r.transcript_output_chars).strip())
+    ids = [int(i) for i in renderer.render([{"role": "user", "content": prompt}], add_generation_prompt=True).ids]
+    comp = policy_for(("plan", t.name, h, d, k)).generate(ids, plan_sampling)
+    if comp.finish_reason == FINISH_REJECTED:
+      return "planning_prompt_too_long", None
+    if comp.finish_reason == FINISH_LENGTH:  # cut at rsr.runbook_max_tokens: not a whole runbook
+      return "planning_truncated", None
+    return None, parse_runbook(renderer.decode([i for i in comp.token_ids if i not in renderer.eos_ids]))
+
+  with cf.ThreadPoolExecutor(max(1, min(16, len(plans) or 1)), thread_name_prefix="rsr-plan") as ex:
+    texts = list(ex.map(lambda p: plan(*p), plans))
+  runbooks, accepted_runbooks = [], []
+  for (d, k), (failed, text) in zip(plans, texts):
+    t, h, res = discovered[d]
+    if text is None:
+      counts.add(f"rejected:{failed}", t.family, h)
+      runbooks.append({"task": t.name, "harness": h, "discovery": res.episode_id, "k": k, "runbook": None,
+                       "accepted": False, "reasons": [failed], "details": []})
+      continue
+    counts.add("planned", t.family, h)
+    v = review(t, text, judge=judge, network=network)
+    for reason in v.reasons:
+      counts.add(f"rejected:{reason}", t.family, h)
+    if not v.accepted:
+      counts.add("review_rejected", t.family, h)
+    if v.accepted:
+      counts.add("reviewed", t.family, h)
+      accepted_runbooks.append((len(runbooks), t, h, text))
+    runbooks.append({"task": t.name, "harness": h, "discovery": res.episode_id, "k": k, "runbook": text,
+                     "accepted": v.accepted, "reasons": list(v.reasons), "details": list(v.details)})
+  log(f"planning: {len(accepted_runbooks)} of {len(plans)} runbooks passed review")
+
+  # 4. fresh execution under H0 with private guidance, M repeats per accepted runbook
+  ex_jobs = []
+  for rb_id, t, h, text in accepted_runbooks:
+    for m in range(r.num_repeats):
+      guide = (lambda task, text=text: exec_t.render(instruction=task.instruction.strip(), runbook=text))
+      harness = make_harness(r.target_harness, policy_for(("execute", t.name, rb_id, m)), renderer, sampling,
+                             env_cfg=cfg.env, guidance=guide)
+      ex_jobs.append((rb_id, t, h, m, harness, pool.submit(t, harness)))
+  episodes, records, executions = [], [], []
+  for rb_id, t, h, m, harness, f in ex_jobs:
+    res = f.result()
+    counts.add("executed", t.family, h)
+    row = {"task": t.name, "runbook": rb_id, "repeat": m, "episode_id": res.episode_id,
+           "success": res.success, "failure_kind": res.failure_kind, "leakage": []}
+    if res.infra_failure:
+      counts.add(f"infra:execution:{res.failure_kind or 'unknown'}", t.family, h)
+    elif res.success == 1:
+      counts.add("verified", t.family, h)
+      screen = screen_trajectory(t, res)
+      row["leakage"] = list(screen.reasons)
+      if screen.accepted:
+        counts.add("leak_screened", t.family, h)
+        # 5. projection: conditioned on the public instruction only
+        try:
+          segments = project(res, harness, t)
+        except ProjectionError as e:
+          counts.add("rejected:projection", t.family, h)
+          row["error"] = str(e)
+        else:
+          episodes.append(episode_samples(segments, len(episodes)))
+          records.append({"task": t.name, "family": t.family, "harness": h, "runbook": rb_id, "repeat": m,
+                          "episode_id": res.episode_id})
+          counts.add("accepted", t.family, h)
+      else:
+        for reason in screen.reasons:
+          counts.add(f"rejected:screen:{reason}", t.family, h)
+    executions.append(row)
+  log(f"execution: {len(records)} accepted of {len(ex_jobs)} runs")
+
+  return _finish(cfg, tasks, counts, label, input_digest, {"plan": plan_t, "exec": exec_t, "judge": judge_t},
+                 workdir, episodes, records, runbooks, executions, outcomes)
+
+
+def _self_imitation(cfg, tasks, discovered, counts, label, workdir, input_digest, log, outcomes) -> FunnelResult:
+  """``rsr.num_runbooks: 0``: no planning, review or fresh execution; each verified discovery episode that
+  passes the leakage screen is a Q_clean item as it was generated (its prompt is the public one already)."""
+  episodes, records, executions = [], [], []
+  for t, h, res in discovered:
+    screen = screen_trajectory(t, res)
+    executions.append({"task": t.name, "harness": h, "episode_id": res.episode_id, "success": res.success,
+                       "leakage": list(screen.reasons)})
+    if not screen.accepted:
+      for reason in screen.reasons:
+        counts.add(f"rejected:screen:{reason}", t.family, h)
+      continue
+    counts.add("leak_screened", t.family, h)
+    counts.add("accepted", t.family, h)
+    episodes.append(episode_samples(res.segments, len(episodes)))
+    records.append({"task": t.name, "family": t.family, "harness": h, "runbook": None, "repeat": 0,
+                    "episode_id": res.episode_id})
+  log(f"self-imitation (runbook stage off): {len(records)} accepted of {len(discovered)} verified discoveries")
+  return _finish(cfg, tasks, counts, f"{label}, runbook stage off (verified self-imitation)", input_digest, {},
+                 workdir, episodes, records, [], executions, outcomes)
+
+
+def _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episodes, records, runbooks,
+            executions, outcomes) -> FunnelResult:
+  r = cfg.rsr
+  manifest = {
+      "policy": label, "tasks": len(tasks), "input_actor_digest": input_digest,
+      "settings": {"harnesses": list(r.harnesses), "target_harness": r.target_harness,
+                   "discovery_attempts": r.discovery_attempts, "num_runbooks": r.num_runbooks,
+                   "num_repeats": r.num_repeats, "judge": bool(r.judge), "families": list(r.families)},
+      "templates": {k: {"path": t.path, "version": t.version, "digest": t.digest}
+                    for k, t in templates.items() if t is not None},
+      "stages": counts.table(counts.total),
+      "by_family": {k: counts.table(v) for k, v in sorted(counts.family.items())},
+      "by_harness": {k: counts.table(v) for k, v in sorted(counts.harness.items())},
+      "empty_reason": None if records else _empty_reason(counts.total, self_imitation=r.num_runbooks == 0),
+  }
+  if workdir is not None:
+    d = epath.Path(workdir)
+    d.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("runbooks.jsonl", runbooks), ("executions.jsonl", executions), ("q_clean.jsonl", records),
+                       ("outcomes.jsonl", outcomes)):
+      (d / name).write_text("".join(json.dumps(x) + "\n" for x in rows))
+    if episodes:
+      save_samples(d / "q_clean.npz", episodes)
+    (d / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")  # last: marks the funnel complete
+  return FunnelResult(episodes, records, manifest)
+
+
+def _empty_reason(c: collections.Counter, self_imitation: bool = False) -> str:
+  stages = (("discovered", "attempted", "no discovery episode verified"),
+            ("planned", "discovered", "no runbook was sampled"),
+            ("reviewed", "planned", "no runbook passed review"),
+            ("verified", "executed", "no fresh execution verified"),
+            ("leak_screened", "verified", "every verified execution failed the leakage screen"))
+  if self_imitation:
+    stages = (stages[0], ("leak_screened", "discovered", "every verified discovery failed the leakage screen"))
+  for stage, prev, what in stages:
+    if not c.get(stage):
+      return f"{what} ({c.get(prev, 0)} {prev})"
+  return "nothing accepted"
+
+
+def funnel_table(manifest: dict) -> str:
+  """The manifest's stage counts as a text table: overall and per discovery harness."""
+  hs = list(manifest.get("by_harness", {}))
+  rows = [["stage", "all", *hs]]
+  for s in STAGES:
+    rows.append([s, str(manifest["stages"][s]), *(str(manifest["by_harness"][h][s]) for h in hs)])
+  rows.append(["  runbooks rejected", str(manifest["stages"]["review_rejected"]),
+               *(str(manifest["by_harness"][h]["review_rejected"]) for h in hs)])
+  for reason, n in manifest["stages"]["rejected"].items():
+    rows.append([f"  rejected {reason}", str(n),
+                 *(str(manifest["by_harness"][h]["rejected"].get(reason, 0)) for h in hs)])
+  for kind, n in manifest["stages"]["infra_failures"].items():
+    rows.append([f"  infra {kind}", str(n),
+                 *(str(manifest["by_harness"][h]["infra_failures"].get(kind, 0)) for h in hs)])
+  w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+  lines = ["  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)) for r in rows]
+  if manifest.get("empty_reason"):
+    lines.append(f"Q_clean is empty: {manifest['empty_reason']}")
+  return "\n".join(lines)
+
+
+def policy_factory(sampler, seed: int, deterministic: bool) -> Callable[[tuple], object]:
+  """The actor behind the sampler, one :class:`~rsi_jax.pipeline.rollouts.RolloutPolicy` per episode or call
+  (seeded from the tag with ``rollout.deterministic``)."""
+  from rsi_jax.pipeline.rollouts import RolloutPolicy, derive_seed
+  return lambda tag: RolloutPolicy(sampler, threading.Event(), derive_seed(seed, *tag) if deterministic else None)

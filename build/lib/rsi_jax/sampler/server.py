@@ -1,0 +1,546 @@
+"""Continuous batching over the :class:`~rsi_jax.sampler.engine.Engine`: the sampler the harness talks to.
+
+One background thread owns the decode state. Each turn of its loop it
+
+1. applies a pending weight swap when the swap policy allows it,
+2. admits queued requests into free slots (prefill -> insert, without waiting for the prefill's token),
+3. dispatches ``decode_steps`` decode steps for all slots (one call), and while the device computes them,
+   records the previous call's tokens on the host, finishes requests (EOS, stop ids, stop strings, max new
+   tokens, full cache) and frees their slots.
+
+So requests of different lengths and arrival times share decode steps, and a slot is refilled as soon as
+its request ends. Any number of threads may call :meth:`SamplerServer.submit` / :meth:`generate`
+(:class:`rsi_jax.policy.AsyncPolicy`). Host bookkeeping trails the device by one call, so a finished slot
+runs up to ``2 * decode_steps - 1`` extra (discarded) steps before it is refilled; more steps per call mean
+fewer host round trips and dispatches per token.
+
+Weight swap (:meth:`SamplerServer.update_weights`): the new actor params are resharded onto the sampling
+mesh at once; the loop switches between steps. ``swap_policy="finish_on_old"``: admission pauses, requests
+in flight finish on the old weights, then the switch happens (every completion comes from one version).
+``"mark"``: the switch happens at the next step and requests in flight continue on the new weights;
+their completions carry ``version_changed=True`` and the version that sampled their last token.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+
+import jax
+import numpy as np
+
+from rsi_jax import policy as P
+from rsi_jax.config import Config
+from rsi_jax.sampler.engine import Engine, build_engine
+
+QWEN3_EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
+
+
+@dataclasses.dataclass
+class _Request:
+  prompt: np.ndarray  # (n,) int32, after any truncation
+  params: P.SamplingParams
+  key: jax.Array  # typed PRNG key of this request
+  future: Future
+  stop_ids: frozenset
+  start_version: int = 0  # weights that sampled the first token
+  version: int = 0  # weights that sampled the latest token
+  tokens: list = dataclasses.field(default_factory=list)
+  logprobs: list = dataclasses.field(default_factory=list)
+  done: bool = False
+  # paged engine only
+  blocks: list = dataclasses.field(default_factory=list)  # KV pool block of each of its blocks, in order
+  reserve: int = 0  # blocks reserved at admission and not yet taken
+  cursor: int = 0  # next prompt position to prefill
+  decode_pos: int = 0  # next position a decode step writes (once decoding)
+  decoding: bool = False
+
+
+@dataclasses.dataclass
+class ServerStats:
+  decode_steps: int = 0
+  prefills: int = 0
+  tokens: int = 0  # generated tokens delivered to requests
+  busy_slot_steps: int = 0  # sum over decode steps of the number of occupied slots
+  swaps: int = 0
+  cancelled: int = 0
+  prefill_tokens: int = 0  # prompt tokens computed (paged: excludes reused ones)
+  reused_tokens: int = 0  # prompt tokens whose keys came from the prefix cache (paged)
+  prefill_chunks: int = 0  # chunked prefill calls (paged)
+  interleaved_steps: int = 0  # decode steps dispatched while a prompt was still being prefilled (paged)
+  # paged, summed over decode calls: KV positions the decoding requests hold (whole blocks) and use
+  kv_held_positions: int = 0
+  kv_live_positions: int = 0
+
+
+class SamplerServer:
+  """A thread-safe :class:`rsi_jax.policy.AsyncPolicy` with continuous batching over one engine.
+
+  Args:
+    engine: the decode engine.
+    params: actor params (any mesh; resharded onto the sampling mesh).
+    tokenizer: anything with ``decode(ids) -> str`` (needed only for stop strings), e.g.
+      :func:`rsi_jax.models.tokenizer.load_tokenizer`; its ``eos_ids``, when present, are the default
+      end-of-sequence ids.
+    eos_token_ids: ids that end a completion (finish "eos"), in addition to each request's stop ids.
+    swap_policy: "finish_on_old" or "mark" (module docstring).
+    prompt_overflow: what a prompt longer than the limit (:attr:`prompt_limit`) gets: "reject" (a completion
+      with finish "prompt_too_long" and no tokens), "error" (``submit`` raises ValueError) or
+      "truncate_left" (the most recent ``prompt_limit`` tokens are kept; ``prompt_len`` tells).
+    weight_version: version tag of ``params``.
+    seed: the stream requests without a seed draw their keys from.
+    decode_steps: decode steps per engine call (``sampler.decode_steps``); outputs do not depend on it.
+    max_input_tokens: longest prompt accepted (``rollout.max_input_tokens``); also bounded by the engine:
+      ``max_prefill_length`` (slot / maxtext) or ``max_cache_length - 1`` (paged, chunked prefill).
+    prefix_cache: paged engine: reuse cached prefix blocks (``sampler.prefix_cache``).
+
+  With a :class:`~rsi_jax.sampler.paged.PagedEngine` a request is admitted when a slot is free *and* the KV
+  pool can reserve the blocks of its prompt plus ``max_new_tokens`` (otherwise it waits in the queue; blocks
+  are then taken as the sequence grows); its prompt is prefilled in chunks, one chunk per loop turn between
+  decode calls, starting after the longest cached prefix.
+  """
+
+  def __init__(self, engine: Engine, params, *, tokenizer=None, eos_token_ids: Sequence[int] | None = None,
+               swap_policy: str = "finish_on_old", prompt_overflow: str = "reject", weight_version: int = 0,
+               seed: int = 0, decode_steps: int = 1, max_input_tokens: int | None = None,
+               prefix_cache: bool = True):
+    if swap_policy not in ("finish_on_old", "mark"):
+      raise ValueError(f"swap_policy must be 'finish_on_old' or 'mark', got {swap_policy!r}")
+    if prompt_overflow not in ("reject", "error", "truncate_left"):
+      raise ValueError(f"prompt_overflow must be reject/error/truncate_left, got {prompt_overflow!r}")
+    if decode_steps < 1:
+      raise ValueError(f"decode_steps must be >= 1, got {decode_steps}")
+    self.engine = engine
+    self.decode_steps = int(decode_steps)
+    self.tokenizer = tokenizer
+    if eos_token_ids is None:
+      eos_token_ids = getattr(tokenizer, "eos_ids", QWEN3_EOS_IDS)
+    self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+    self.swap_policy = swap_policy
+    self.prompt_overflow = prompt_overflow
+    self.vocab_size = int(engine.config.vocab_size)
+    self.stats = ServerStats()
+    from rsi_jax.sampler.paged import BlockPool, PagedEngine
+    self._paged = isinstance(engine, PagedEngine)
+    self.prompt_limit = prompt_limit(self._paged, engine.max_cache_length, engine.max_prefill_length,
+                                     max_input_tokens)
+    if self._paged:
+      self.pool = BlockPool(engine.kv_blocks, engine.block_size, prefix_cache)
+      self._tables = np.full((engine.num_slots, engine.table_width), engine.kv_blocks, np.int32)
+      self._tables_dev = None  # device copy of _tables, None when stale
+      self._prefilling: collections.deque = collections.deque()  # (slot, request) in admission order
+
+    self._params = engine.load_params(params)
+    self._version = weight_version
+    self._pending_swap = None  # (params, version) waiting to be applied
+    self._seed_key = jax.random.key(seed)
+    self._counter = itertools.count()
+    self._queue: collections.deque[_Request] = collections.deque()
+    self._cv = threading.Condition()
+    self._closed = False
+    self._error: BaseException | None = None
+    self._slots: list[_Request | None] = [None] * engine.num_slots
+    self._cancelled_slots: list[int] = []  # freed by the loop thread (it owns the decode state)
+    self._state = engine.init_decode_state()
+    self._thread = threading.Thread(target=self._loop, name="sampler", daemon=True)
+    self._thread.start()
+
+  @classmethod
+  def from_config(cls, cfg: Config, params, *, tokenizer=None, devices=None, **kw) -> "SamplerServer":
+    """The server the ``sampler`` section describes; the tokenizer defaults to ``model.tokenizer_path``'s."""
+    if tokenizer is None:
+      from rsi_jax.models.tokenizer import load_tokenizer
+      tokenizer = load_tokenizer(cfg.model.tokenizer_path)
+    s = cfg.sampler
+    kw.setdefault("swap_policy", s.swap_policy)
+    kw.setdefault("prompt_overflow", s.prompt_overflow)
+    kw.setdefault("seed", cfg.run.seed)
+    kw.setdefault("decode_steps", s.decode_steps)
+    kw.setdefault("max_input_tokens", cfg.rollout.max_input_tokens)
+    kw.setdefault("prefix_cache", s.prefix_cache)
+    return cls(build_engine(cfg, devices), params, tokenizer=tokenizer, **kw)
+
+  # ------------------------------------------------------------------------------------------ public
+
+  @property
+  def weight_version(self) -> int:
+    return self._version
+
+  @property
+  def max_prompt_tokens(self) -> int | None:
+    """Longest prompt served whole (None with ``truncate_left``, which serves any length by cutting it)."""
+    return None if self.prompt_overflow == "truncate_left" else self.prompt_limit
+
+  def submit(self, prompt_ids: Sequence[int], params: P.SamplingParams) -> Future:
+    """Queue one request; the future resolves to a :class:`~rsi_jax.policy.Completion`."""
+    prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
+    if prompt.size == 0:
+      raise ValueError("empty prompt")
+    if prompt.min() < 0 or prompt.max() >= self.vocab_size:
+      raise ValueError(f"prompt ids must be in [0, {self.vocab_size}), got min {prompt.min()} max {prompt.max()}")
+    if params.stop_strings and self.tokenizer is None:
+      raise ValueError("stop_strings need a tokenizer (SamplerServer(tokenizer=...))")
+    fut: Future = Future()
+    limit = self.prompt_limit
+    if prompt.size > limit:
+      if self.prompt_overflow == "error":
+        what = ("the limit (rollout.max_input_tokens / sampler.max_cache_length - 1)" if self._paged
+                else "sampler.max_prefill_length")
+        raise ValueError(f"prompt of {prompt.size} tokens exceeds {what}={limit}")
+      if self.prompt_overflow == "reject":
+        fut.set_result(P.Completion(np.zeros(0, np.int32), np.zeros(0, np.float32), P.FINISH_REJECTED,
+                                    self._version, prompt_len=int(prompt.size)))
+        return fut
+      prompt = prompt[-limit:]
+    key = (jax.random.key(params.seed) if params.seed is not None
+           else jax.random.fold_in(self._seed_key, next(self._counter)))
+    req = _Request(prompt=prompt.astype(np.int32), params=params, key=key, future=fut,
+                   stop_ids=frozenset(params.stop_token_ids) | self.eos_token_ids)
+    with self._cv:
+      if self._closed:
+        raise RuntimeError("sampler is closed") from self._error
+      self._queue.append(req)
+      self._cv.notify()
+    return fut
+
+  def generate(self, prompt_ids: Sequence[int], params: P.SamplingParams) -> P.Completion:
+    """Blocking :meth:`submit` (the :class:`~rsi_jax.policy.Policy` call)."""
+    return self.submit(prompt_ids, params).result()
+
+  def update_weights(self, params, version: int | None = None) -> int:
+    """Hot-swap to new actor params (resharded from their mesh now, switched between decode steps).
+
+    Returns the new version (default: current + 1). Requests in flight are never dropped."""
+    new = self.engine.load_params(params)
+    with self._cv:
+      base = self._pending_swap[1] if self._pending_swap is not None else self._version
+      version = base + 1 if version is None else int(version)
+      self._pending_swap = (new, version)
+      self._cv.notify()
+    return version
+
+  def cancel(self, future: Future) -> bool:
+    """Abort the request behind ``future`` (an aborted episode): a queued request is dropped, a running one
+    loses its slot at the next step. The future fails with :class:`concurrent.futures.CancelledError`.
+    Returns False if the request had already finished."""
+    with self._cv:
+      for req in self._queue:
+        if req.future is future:
+          self._queue.remove(req)
+          req.done = True
+          future.cancel()
+          self.stats.cancelled += 1
+          return True
+      for slot, req in enumerate(self._slots):
+        if req is not None and req.future is future and not req.done:
+          req.done = True
+          self._cancelled_slots.append(slot)
+          future.cancel()
+          self.stats.cancelled += 1
+          self._cv.notify()
+          return True
+    return False
+
+  @property
+  def in_flight(self) -> int:
+    """Requests queued or holding a slot."""
+    with self._cv:
+      return len(self._queue) + sum(r is not None and not r.done for r in self._slots)
+
+  def wait_swapped(self, timeout: float | None = None) -> bool:
+    """Block until no swap is pending (for tests and the pipeline's version bookkeeping)."""
+    with self._cv:
+      return self._cv.wait_for(lambda: self._pending_swap is None or self._closed, timeout)
+
+  def close(self):
+    """Stop the loop; queued and in-flight requests fail with RuntimeError."""
+    with self._cv:
+      self._closed = True
+      self._cv.notify_all()
+    self._thread.join()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  # ------------------------------------------------------------------------------------------ loop
+
+  def _loop(self):
+    # (StepResult on device, request per slot at dispatch, weight version at dispatch, admissions whose first
+    # token is still on device)
+    pending = None
+    try:
+      while True:
+        with self._cv:
+          while not self._closed and not self._queue and pending is None and not self._busy() \
+              and self._pending_swap is None:
+            self._cv.wait()
+          if self._closed:
+            break
+          for slot in self._cancelled_slots:  # cancelled requests give their slots back
+            req = self._slots[slot]
+            if req is not None and req.done:
+              self._release_slot(slot, req, finished=False)
+          self._cancelled_slots.clear()
+          self._maybe_swap()
+          admit = []
+          while self._queue and self._pending_swap is None and None in self._slots:
+            slot = self._slots.index(None)
+            req = self._queue[0]
+            if self._paged and not self._reserve(slot, req):
+              break  # the KV pool is full: the request waits (in order) until blocks are released
+            self._queue.popleft()
+            req.start_version = req.version = self._version
+            self._slots[slot] = req
+            admit.append((slot, req))
+        if self._paged:
+          self._prefilling.extend(admit)
+          admitted = self._prefill_step()
+        else:
+          admitted = [self._prefill_into(slot, req) for slot, req in admit]
+        snapshot = [r if r is not None and (r.decoding or not self._paged) else None for r in self._slots]
+        if any(r is not None for r in snapshot):
+          if self._paged:
+            self._state, result = self.engine.generate_steps(self._params, self._state, self.decode_steps,
+                                                             self._decode_tables(snapshot))
+          else:
+            self._state, result = self.engine.generate_steps(self._params, self._state, self.decode_steps)
+          self.stats.decode_steps += self.decode_steps
+          if self._paged and self._prefilling:
+            self.stats.interleaved_steps += self.decode_steps
+          self.stats.busy_slot_steps += self.decode_steps * sum(r is not None for r in snapshot)
+          if pending is not None:
+            self._record(*pending)  # host work overlaps the call just dispatched
+          pending = (result, snapshot, self._version, admitted)
+        elif pending is not None:
+          self._record(*pending)
+          pending = None
+    except BaseException as e:  # noqa: BLE001 - every waiting caller must learn of the failure
+      self._error = e
+    with self._cv:
+      self._closed = True
+      err = self._error or RuntimeError("sampler closed")
+      for req in list(self._queue) + [r for r in self._slots if r is not None]:
+        if not req.done:
+          req.done = True
+          req.future.set_exception(RuntimeError(f"sampler stopped: {err!r}"))
+      self._queue.clear()
+      self._cv.notify_all()
+
+  def _busy(self) -> bool:
+    return any(r is not None for r in self._slots)
+
+  def _maybe_swap(self):
+    """Apply a pending swap if the policy allows it now (called with the lock held).
+
+    A step still being recorded belongs to requests that are done once every slot is free, so an empty
+    decode batch is a safe point for "finish_on_old"."""
+    if self._pending_swap is None:
+      return
+    if self.swap_policy == "finish_on_old" and self._busy():
+      return  # admission is paused until the slots drain
+    self._params, self._version = self._pending_swap
+    self._pending_swap = None
+    self.stats.swaps += 1
+    if self._paged:
+      self.pool.forget()  # cached keys were computed by the old weights
+    self._cv.notify_all()
+
+  def _prefill_into(self, slot: int, req: _Request):
+    """Prefill and insert without reading the first token back (that would wait for the decode call in
+    flight); it is recorded with the next call's tokens. A request that ends on its first token therefore
+    holds its slot for one call."""
+    sp = req.params
+    prefix = self.engine.prefill(self._params, req.prompt, req.key, temperature=sp.temperature,
+                                 top_k=sp.top_k, top_p=sp.top_p)
+    self.stats.prefills += 1
+    self.stats.prefill_tokens += int(req.prompt.size)
+    self._state = self.engine.insert(prefix, self._state, slot)
+    return slot, req, prefix.token, prefix.logprob
+
+  # ------------------------------------------------------------------------------------------ paged
+
+  def _root(self) -> bytes:
+    return f"weights-v{self._version}".encode()
+
+  def _reserve(self, slot: int, req: _Request) -> bool:
+    """Admission on the paged engine: take the request's longest cached prefix and reserve blocks for the
+    rest of its prompt and ``max_new_tokens``; False (nothing taken) if the pool cannot hold them yet."""
+    from rsi_jax.sampler.paged import block_hashes
+    pool, bs, n = self.pool, self.engine.block_size, int(req.prompt.size)
+    # Only blocks strictly before the last prompt token: that token is always computed (it samples the first
+    # generated token).
+    cached = pool.lookup(block_hashes(req.prompt, bs, (n - 1) // bs, self._root()))
+    extent = min(n + req.params.max_new_tokens, self.engine.max_cache_length)
+    need = -(-extent // bs) - len(cached)
+    if need > pool.available() - sum(int(pool.ref[b] == 0) for b in cached):
+      return False
+    for b in cached:
+      pool.take(b)
+    pool.reserved += need
+    req.reserve, req.blocks, req.cursor = need, list(cached), len(cached) * bs
+    self._tables[slot] = self.engine.kv_blocks
+    self._tables[slot, :len(cached)] = cached
+    self._tables_dev = None
+    self.stats.reused_tokens += req.cursor
+    return True
+
+  def _grow(self, slot: int, req: _Request, upto: int):
+    """Give the request blocks for its positions < ``upto`` (from its reservation; positions past the
+    reservation are never needed and their writes are dropped)."""
+    bs = self.engine.block_size
+    while len(req.blocks) * bs < upto and req.reserve > 0:
+      b = self.pool.allocate()
+      self.pool.reserved -= 1
+      req.reserve -= 1
+      self._tables[slot, len(req.blocks)] = b
+      req.blocks.append(b)
+      self._tables_dev = None
+
+  def _register(self, req: _Request, tokens, upto: int):
+    """Enter the request's full blocks of positions < ``upto`` into the prefix cache (same weights only)."""
+    from rsi_jax.sampler.paged import block_hashes
+    if req.start_version != self._version or req.version != self._version:
+      return
+    for b, h in zip(req.blocks, block_hashes(tokens, self.engine.block_size, upto // self.engine.block_size,
+                                             self._root())):
+      self.pool.register(b, h)
+
+  def _prefill_step(self):
+    """One prefill chunk of the oldest request still prefilling. Returns the first-token records of a
+    request whose prompt it completed."""
+    while self._prefilling and self._prefilling[0][1].done:  # cancelled while prefilling
+      self._prefilling.popleft()
+    if not self._prefilling:
+      return []
+    slot, req = self._prefilling[0]
+    sp, n = req.params, int(req.prompt.size)
+    start = req.cursor
+    end = min(n, start + self.engine.chunk_size)
+    self._grow(slot, req, end)
+    last = end == n
+    self._state, res = self.engine.prefill_chunk(
+        self._params, self._state, req.prompt[start:end], start, self._tables[slot], slot, req.key,
+        temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, last=last)
+    req.cursor = end
+    self.stats.prefill_chunks += 1
+    self.stats.prefill_tokens += end - start
+    if not last:
+      return []
+    self._prefilling.popleft()
+    self.stats.prefills += 1
+    self._register(req, req.prompt, n)
+    req.decoding, req.decode_pos = True, n
+    return [(slot, req, res.token, res.logprob)]
+
+  def _decode_tables(self, snapshot):
+    """Blocks for every position the next call writes, then the (device) block tables."""
+    for slot, req in enumerate(snapshot):
+      if req is not None:
+        self._grow(slot, req, req.decode_pos + self.decode_steps)
+        self.stats.kv_live_positions += req.decode_pos
+        self.stats.kv_held_positions += len(req.blocks) * self.engine.block_size
+        req.decode_pos += self.decode_steps
+    if self._tables_dev is None:
+      self._tables_dev = jax.device_put(self._tables)
+    return self._tables_dev
+
+  def _release_slot(self, slot: int, req: _Request, finished: bool):
+    """Free the slot; on the paged engine give its blocks back (a finished request first enters the full
+    blocks of its prompt and generated tokens into the prefix cache: every position but the last sampled
+    token's holds its keys)."""
+    self._state = self.engine.free(self._state, slot)
+    if self._slots[slot] is req:
+      self._slots[slot] = None
+    if not self._paged:
+      return
+    if finished and req.decoding:
+      self._register(req, np.concatenate([req.prompt, np.asarray(req.tokens, np.int32)]),
+                     int(req.prompt.size) + len(req.tokens) - 1)
+    for b in req.blocks:
+      self.pool.release(b)
+    self.pool.reserved -= req.reserve
+    req.blocks, req.reserve, req.decoding = [], 0, False
+    self._tables[slot] = self.engine.kv_blocks
+    self._tables_dev = None
+
+  def _finish_slot(self, slot: int, req: _Request):
+    self._release_slot(slot, req, finished=True)
+
+  def _record(self, result, snapshot, version, admitted=()):
+    """Host side of one engine call ((steps, S) results): ``snapshot`` (request per slot), ``version`` as at
+    dispatch, and the first tokens of the requests admitted just before it. A request's tokens after the one
+    that finished it are discarded."""
+    tokens, logprobs, first = jax.device_get((result.tokens, result.logprobs,
+                                              [(tok, lp) for _, _, tok, lp in admitted]))
+    for (slot, req, _, _), (tok, lp) in zip(admitted, first):
+      if req.done:  # cancelled before its first token was read
+        continue
+      if self._append(req, int(tok[0]), float(lp[0])):
+        self._finish_slot(slot, req)
+    for slot, req in enumerate(snapshot):
+      if req is None or req.done:
+        continue
+      req.version = version
+      for step in range(tokens.shape[0]):
+        if self._append(req, int(tokens[step, slot]), float(logprobs[step, slot])):
+          self._finish_slot(slot, req)
+          break
+
+  def _append(self, req: _Request, token: int, logprob: float) -> bool:
+    """Record one sampled token; finish the request if it ended. Returns whether it did."""
+    req.tokens.append(token)
+    req.logprobs.append(logprob)
+    sp = req.params
+    n = len(req.tokens)
+    reason = None
+    if token in req.stop_ids:
+      reason = P.FINISH_EOS
+    elif sp.stop_strings and stop_string_hit(self.tokenizer, req.tokens, sp.stop_strings):
+      reason = P.FINISH_STOP
+    elif n >= sp.max_new_tokens:
+      reason = P.FINISH_LENGTH
+    elif n >= self.engine.token_limit(req.prompt.size):
+      reason = P.FINISH_CACHE  # the slot's cache has no room for the next step
+    if reason is None:
+      return False
+    req.done = True
+    self.stats.tokens += n
+    req.future.set_result(P.Completion(
+        token_ids=np.asarray(req.tokens, np.int32), logprobs=np.asarray(req.logprobs, np.float32),
+        finish_reason=reason, weight_version=req.version, prompt_len=int(req.prompt.size),
+        version_changed=req.version != req.start_version))
+    return True
+
+
+def prompt_limit(paged: bool, max_cache_length: int, max_prefill_length: int,
+                 max_input_tokens: int | None = None) -> int:
+  """Longest prompt a server serves whole: ``max_input_tokens`` (``rollout.max_input_tokens``), bounded by the
+  engine (paged: ``max_cache_length - 1``, as chunked prefill takes any length that leaves room for one
+  generated token; slot / maxtext: the whole-prompt prefill's ``max_prefill_length``)."""
+  limit = max_cache_length - 1 if paged else max_prefill_length
+  return min(limit, int(max_input_tokens)) if max_input_tokens else limit
+
+
+def config_prompt_limit(cfg: Config) -> int:
+  """:func:`prompt_limit` of the server ``SamplerServer.from_config(cfg, ...)`` builds."""
+  s = cfg.sampler
+  return prompt_limit(s.decode_impl == "paged", s.max_cache_length, s.max_prefill_length,
+                      cfg.rollout.max_input_tokens)
+
+
+def stop_string_hit(tokenizer, tokens: Sequence[int], stop_strings: Sequence[str]) -> bool:
+  """Whether a stop string occurs in the decoded tail of ``tokens`` (checked after every new token).
+
+  Only a tail window is decoded: a string of c characters spans at most c tokens (every token decodes to
+  at least one character, up to a few partial UTF-8 bytes), so an occurrence that ended earlier was caught
+  when it did."""
+  width = max(len(s) for s in stop_strings) + 4
+  text = tokenizer.decode(list(tokens[-width:]))
+  return any(s in text for s in stop_strings)

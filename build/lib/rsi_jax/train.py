@@ -1,0 +1,84 @@
+"""Training entry point: ``python -m rsi_jax.train --config=configs/smoke.yml key=value ...``.
+
+Positional ``key=value`` arguments override the config (dotted keys address sections, ``model_name=``
+picks a model file) and win over the phase files. The run walks ``pipeline.phases`` in
+``<run.output_dir>/<run.name>/`` and resumes what an earlier attempt left there (``run.resume``). The console
+shows one line per phase step; library logging goes to ``<run folder>/train.log``.
+
+Exit status: 0 done (or preempted by SIGTERM after writing a checkpoint), 1 the run stopped (an invariant,
+nothing to train on, an error; the reason is printed), 2 the config or the pre-flight checks failed.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+
+from absl import app, flags, logging
+
+from rsi_jax.config import dump_config, load_cli_config
+from rsi_jax.log import LibraryOutputToFile, setup_logging
+
+FLAGS = flags.DEFINE_string("config", "configs/smoke.yml", "Run config file (YAML).")
+
+
+def main(argv):
+  return run_program(FLAGS.value, argv[1:])
+
+
+def run_program(config_path: str, overrides, after=None) -> int:
+  """Run the configured phase plan (the training program); ``after(result, console)`` is called when it
+  finished. Returns the exit status."""
+  cfg = load_cli_config(config_path, overrides)
+  # heavy imports only after the config is known to be valid
+  from rsi_jax.pipeline.driver import (Console, Driver, InvariantError, Preempted, PreflightError, preflight,
+                                       run_dir_of)
+  from rsi_jax.pipeline.phases import NoTrainableSamples
+  run_dir = run_dir_of(cfg)
+  if "://" in run_dir:  # an object-store run folder: the log file stays on this machine
+    log_path = os.path.join(tempfile.gettempdir(), f"rsi_jax-{cfg.run.name}.log")
+  else:
+    os.makedirs(run_dir, exist_ok=True)
+    log_path = os.path.join(run_dir, "train.log")
+  with LibraryOutputToFile(log_path) as out:
+    setup_logging(cfg.run.log_level)
+    logging.info("config %s with %d override(s)\n%s", config_path, len(overrides), dump_config(cfg))
+    try:
+      preflight(cfg, overrides)
+    except PreflightError as e:
+      print(f"cannot start: {e}", file=out.console_err, flush=True)
+      return 2
+    console = Console(out.console_out, out.console_err, progress=cfg.run.progress)
+    console.line(f"log: {log_path}")
+    try:
+      r = Driver(cfg, overrides, console=console).run()
+    except Preempted as e:
+      console.line(f"preempted (SIGTERM): checkpoint written to {e.args[0]}; rerun the same command to resume")
+      return 0
+    except (InvariantError, NoTrainableSamples) as e:
+      logging.error("run stopped: %s", e)
+      console.line(f"run stopped: {type(e).__name__}: {e}")
+      return 1
+    except Exception as e:  # noqa: BLE001 - the console gets the reason, the log the traceback
+      logging.error("run failed:\n%s", traceback.format_exc())
+      console.line(f"run failed: {type(e).__name__}: {e} (traceback in {log_path})")
+      return 1
+    console.line(
+        f"done in {r['seconds']:.0f}s{' (resumed)' if r['resumed'] else ''}: {r['episodes']} episodes "
+        f"({r['aborted']} stopped by oversampling), {r['infra_failures']} infrastructure failures (masked)\n"
+        f"  final weights  {r['final']}\n"
+        f"  checkpoints    {r['checkpoints']}/<phase>/<step>/ (Orbax: actor, critic, optimizer states, meta)\n"
+        f"  lineage        {r['lineage']}\n"
+        f"  metrics        {r['metrics']}\n"
+        f"  tensorboard    {r['tensorboard']}  (tensorboard --logdir {r['tensorboard']})\n"
+        f"  plots          {r['plots']}/ ({len(r['plot_files'])} PNG)\n"
+        + (f"  eval report    {r['eval_report']}/report.md (+ PNG plots)\n" if r.get("eval_report") else "")
+        + f"  log            {log_path}")
+    if after is not None:
+      after(r, console)
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(main)
