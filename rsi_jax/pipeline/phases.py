@@ -372,6 +372,19 @@ class RolloutPhase(Phase):
 
     return self._executor.submit(run), [ev for _, _, ev in jobs]
 
+  def _sampler_delta(self) -> dict:
+    """The sampler's prompt work since the previous step: tokens prefilled, tokens whose keys came from the
+    prefix cache (the episode's earlier turns) and the reused share."""
+    st = getattr(self.ctx.sampler, "stats", None)
+    if st is None:
+      return {}
+    now = (st.prefill_tokens, st.reused_tokens)
+    prev = getattr(self, "_sampler_prev", (0, 0))
+    self._sampler_prev = now
+    pre, reused = now[0] - prev[0], now[1] - prev[1]
+    return {"prefill_tokens": pre, "reused_prompt_tokens": reused,
+            "prompt_reuse": reused / (pre + reused) if pre + reused else 0.0}
+
   def setup(self, actor_params, step=0):
     import concurrent.futures as cf
     self._executor = cf.ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-rollouts")
@@ -446,7 +459,7 @@ class RolloutPhase(Phase):
         prompt_rejected=sum(e.stop_reason == "context_exhausted" for e in eps),
         generated_tokens=gen_tokens, tokens_per_s=gen_tokens / max(t_roll, 1e-9),
         weight_version=version, rollout_seconds=t_roll, train_seconds=t_train,
-        rollout_wait_seconds=t1 - t0, step_seconds=time.time() - t0)
+        rollout_wait_seconds=t1 - t0, step_seconds=time.time() - t0, **self._sampler_delta())
     m["staleness"] = m["staleness/max"]
     return dataclasses.replace(state, train=train), m
 

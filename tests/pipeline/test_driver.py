@@ -102,7 +102,7 @@ def test_final_checkpoint_restores_onto_the_mesh(run):
 RPR_FIELDS = ["phase", "step", "reward_mean", "success_mean", "loss", "value/value_loss",
               "value/explained_variance", "value/value_mean", "critic_grad_norm", "mismatch/abs_mean",
               "staleness", "aborted_episodes", "infra_failures", "tokens_per_s", "step_seconds", "turns_mean",
-              "skipped_updates"]
+              "skipped_updates", "prefill_tokens", "reused_prompt_tokens", "prompt_reuse"]
 JOINT_FIELDS = ["policy/loss", "policy/clip_frac", "policy/clip_frac_low", "policy/clip_frac_high",
                 "actor_grad_norm"]
 
@@ -122,6 +122,11 @@ def test_metrics_jsonl_has_every_field(run):
     assert r["episodes"] == 4 and r["aborted_episodes"] == 1 and r["episodes_started"] == 5
   assert "actor_grad_norm" not in rpr[0] and rpr[1]["actor_grad_norm"] > 0  # critic-only, then joint
   assert rpr[0]["train_actor"] == 0 and rpr[1]["train_actor"] == 1
+  # Multi-turn episodes: a later turn's prompt extends the previous one, whose keys the sampler reuses.
+  assert all(r["turns_mean"] > 1 for r in rpr), [r["turns_mean"] for r in rpr]
+  assert sum(r["reused_prompt_tokens"] for r in rpr) > 0
+  assert all(r["prompt_reuse"] == r["reused_prompt_tokens"] / (r["reused_prompt_tokens"] + r["prefill_tokens"])
+             for r in rpr if r["prefill_tokens"])
   sft = [r for r in recs if r["kind"] == "rsr"]
   assert all(r["nll_per_token"] > 0 and r["actor_grad_norm"] > 0 and r["skipped_updates"] == 0 for r in sft)
 
@@ -168,8 +173,8 @@ def test_rerun_of_a_finished_run_trains_nothing(run):
 
 
 def test_a_run_with_nothing_to_train_on_stops_with_the_reason(tmp_path, docker_client):
-  """Every prompt rejected by the sampler (prefill limit below the first prompt): the run stops naming why,
-  instead of training on an empty batch with a loss of 0."""
+  """Every prompt rejected by the sampler (its prompt limit, max_cache_length - 1, below the first prompt):
+  the run stops naming why, instead of training on an empty batch with a loss of 0."""
   ov = [f"run.output_dir={tmp_path}", "run.name=empty", "pipeline.phases=[critic_seed]", *TINY,
         "env.max_tasks=2", "sampler.max_prefill_length=128", "sampler.prefill_buckets=[128]",
         "sampler.max_cache_length=256"]
