@@ -1,0 +1,119 @@
+"""Weights out: an actor checkpoint -> an HF Qwen3 folder (``config.json`` + ``model.safetensors``).
+
+The inverse of :mod:`rsi_jax.models.hf_import` (its module docstring has the layout table): every MaxText
+leaf becomes exactly one HF tensor per layer, transposed back for the linear kernels; a tied head stays tied
+(``tie_word_embeddings: true``, no ``lm_head.weight``), an untied one is written as ``lm_head.weight``.
+Tensors keep the dtype they were trained in. ``config.json`` is written by transformers' own
+``Qwen3Config`` (no torch needed). An HF folder imported and exported again gives bitwise the same tensors.
+
+  python -m rsi_jax.models.export --checkpoint=DIR --out=HF_DIR [--config=FILE] [key=value ...]
+
+``DIR`` is a checkpoint (``runs/<run>/checkpoints/<phase>/<step>``) or a phase folder (its newest step);
+``--config`` defaults to the run's own ``config.yml`` found above the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from rsi_jax.config import Config
+from rsi_jax.models.hf_import import _LAYER_MAP, _TOP_MAP, _path_names
+
+# MaxText kernels whose HF "in" dimension spans the first two axes (the rest: the first axis only)
+_IN_AXES = {("self_attention", "out", "kernel"): 2}
+
+
+def _to_hf(arr: np.ndarray, kind: str, names: tuple) -> np.ndarray:
+  if kind != "linear":
+    return arr
+  a = _IN_AXES.get(names, 1)
+  w = arr.reshape(int(np.prod(arr.shape[:a])), int(np.prod(arr.shape[a:])))
+  return np.ascontiguousarray(w.T)  # MaxText (in, out...) -> HF Linear (out, in)
+
+
+def maxtext_to_hf_numpy(params: dict, scan_axis: int = 1) -> dict[str, np.ndarray]:
+  """HF tensor name -> numpy array for every leaf of a MaxText Qwen3 actor params tree (arrays anywhere)."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    names = _path_names(path)
+    arr = np.asarray(jax.device_get(leaf))
+    if names in _TOP_MAP:
+      hf_name, kind = _TOP_MAP[names]
+      out[hf_name] = _to_hf(arr, kind, names)
+    elif names[:2] == ("decoder", "layers") and names[2:] in _LAYER_MAP:
+      tmpl, kind = _LAYER_MAP[names[2:]]
+      for l in range(arr.shape[scan_axis]):
+        out[tmpl.format(l=l)] = _to_hf(np.take(arr, l, axis=scan_axis), kind, names[2:])
+    else:
+      raise ValueError(f"no HF tensor for MaxText param {'/'.join(map(str, names))} (not a Qwen3 actor tree?)")
+  return out
+
+
+def hf_config(cfg: Config, dtype: str) -> dict:
+  """``config.json`` of the model ``cfg.model`` describes, written by transformers' ``Qwen3Config``."""
+  from transformers import Qwen3Config
+  m = cfg.model
+  c = Qwen3Config(
+      vocab_size=m.vocab_size, hidden_size=m.base_emb_dim, intermediate_size=m.base_mlp_dim,
+      num_hidden_layers=m.base_num_decoder_layers, num_attention_heads=m.base_num_query_heads,
+      num_key_value_heads=m.base_num_kv_heads, head_dim=m.head_dim, rms_norm_eps=m.normalization_layer_epsilon,
+      max_position_embeddings=m.max_target_length, tie_word_embeddings=bool(m.logits_via_embedding),
+      rope_parameters={"rope_type": "default", "rope_theta": float(m.rope_max_timescale)},
+      architectures=["Qwen3ForCausalLM"], dtype=dtype)
+  return c.to_dict()
+
+
+def export_hf(params: dict, cfg: Config, out_dir: str, scan_axis: int = 1) -> Path:
+  """Write ``params`` (the actor's tree) as an HF Qwen3 folder at ``out_dir``."""
+  from safetensors.numpy import save_file
+  if cfg.model.decoder_block != "qwen3" or not cfg.model.use_qk_norm:
+    raise ValueError(f"HF export writes Qwen3 (decoder_block qwen3 with q/k norms), not "
+                     f"{cfg.model.decoder_block!r}")
+  tensors = maxtext_to_hf_numpy(params, scan_axis)
+  tied = "lm_head.weight" not in tensors
+  if tied != bool(cfg.model.logits_via_embedding):
+    raise ValueError(f"the params are {'tied' if tied else 'untied'} but model.logits_via_embedding is "
+                     f"{cfg.model.logits_via_embedding}: wrong config for this checkpoint")
+  dtype = str(next(iter(tensors.values())).dtype)
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+  (out / "config.json").write_text(json.dumps(hf_config(cfg, dtype), indent=2, sort_keys=True) + "\n")
+  return out
+
+
+def _run_config(checkpoint: str) -> str:
+  """The ``config.yml`` of the run folder above ``checkpoint``."""
+  p = Path(checkpoint).resolve()
+  for parent in [p, *p.parents]:
+    if (parent / "config.yml").is_file():
+      return str(parent / "config.yml")
+  raise FileNotFoundError(f"no config.yml above {checkpoint}: pass --config=FILE (the run's config)")
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--checkpoint", required=True, help="checkpoint (or phase folder) holding the item 'actor'")
+  ap.add_argument("--out", required=True, help="HF folder to write")
+  ap.add_argument("--config", default="", help="the run's config (default: config.yml above the checkpoint)")
+  args, overrides = ap.parse_known_args(argv)
+  from rsi_jax.config import load_config
+  from rsi_jax.models.actor import Actor
+  from rsi_jax.models.checkpoint import restore_params
+  from rsi_jax.models.mesh import build_mesh
+  cfg = load_config(args.config or _run_config(args.checkpoint), overrides)
+  actor = Actor(cfg, build_mesh(cfg))
+  params = restore_params(args.checkpoint, actor=actor.abstract_params)["actor"]
+  out = export_hf(params, cfg, args.out, int(getattr(actor.maxtext_config, "param_scan_axis", 1)))
+  print(f"wrote {out}: {len(os.listdir(out))} files ({cfg.model.name}, "
+        f"{'tied' if cfg.model.logits_via_embedding else 'untied'} head)")
+
+
+if __name__ == "__main__":
+  main()
