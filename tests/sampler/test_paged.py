@@ -247,3 +247,22 @@ def test_pool_config_checks():
   from rsi_jax.sampler.engine import build_engine
   with pytest.raises(ValueError, match=r"sampler.kv_blocks=2000000000 .* lower sampler.kv_blocks"):
     build_engine(huge)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_paged_engine(cfg, actor, actor_params):
+  """sampler.num_devices=2: the pool's KV heads split over the tensor axis, same logprobs as the actor."""
+  engine = engine_with(cfg, decode_impl="paged", block_size=BLOCK, prefill_chunk=CHUNK, num_devices=2)
+  assert engine.mesh.shape["tensor"] == 2
+  params = engine.load_params(actor_params)
+  prompt = list(range(5, 27))  # 3 chunks
+  table = np.arange(engine.table_width, dtype=np.int32) + engine.table_width  # slot 1's blocks
+  tables = np.full((engine.num_slots, engine.table_width), engine.kv_blocks, np.int32)
+  tables[1] = table
+  state, res = engine.prefill_prompt(params, engine.init_decode_state(), prompt, table, 1, jax.random.key(0))
+  out, lps = [int(res.token[0])], [float(res.logprob[0])]
+  for _ in range(7):
+    state, r = engine.generate(params, state, tables)
+    out.append(int(r.tokens[1]))
+    lps.append(float(r.logprobs[1]))
+  np.testing.assert_allclose(lps, reference_logprobs(actor, actor_params, [prompt], [out])[0], atol=TOL, rtol=0)
