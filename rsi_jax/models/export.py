@@ -6,7 +6,10 @@ leaf becomes exactly one HF tensor per layer, transposed back for the linear ker
 Tensors keep the dtype they were trained in. ``config.json`` is written by transformers' own
 ``Qwen3Config`` (no torch needed). An HF folder imported and exported again gives bitwise the same tensors.
 
-  python -m rsi_jax.models.export --checkpoint=DIR --out=HF_DIR [--config=FILE] [key=value ...]
+  python -m rsi_jax.models.export --checkpoint=DIR --out=HF_DIR [--maxtext-out=DIR] [--config=FILE] [key=value ...]
+
+``--maxtext-out`` also writes the weights as a MaxText parameter checkpoint (MaxText's own
+``save_params_to_path``), which MaxText's ``load_parameters_path`` reads (e.g. to decode with MaxText).
 
 ``DIR`` is a checkpoint (``runs/<run>/checkpoints/<phase>/<step>``) or a phase folder (its newest step);
 ``--config`` defaults to the run's own ``config.yml`` found above the checkpoint.
@@ -88,6 +91,13 @@ def export_hf(params: dict, cfg: Config, out_dir: str, scan_axis: int = 1) -> Pa
   return out
 
 
+def export_maxtext(params: dict, out_dir: str) -> str:
+  """Write ``params`` (the actor's tree) as a MaxText parameter-only checkpoint (``load_parameters_path``)."""
+  from maxtext.common import checkpointing
+  checkpointing.save_params_to_path(str(out_dir), {"params": params})  # Flax's "params" collection inside
+  return str(out_dir)
+
+
 def _run_config(checkpoint: str) -> str:
   """The ``config.yml`` of the run folder above ``checkpoint``."""
   p = Path(checkpoint).resolve()
@@ -100,9 +110,12 @@ def _run_config(checkpoint: str) -> str:
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--checkpoint", required=True, help="checkpoint (or phase folder) holding the item 'actor'")
-  ap.add_argument("--out", required=True, help="HF folder to write")
+  ap.add_argument("--out", default="", help="HF folder to write")
+  ap.add_argument("--maxtext-out", default="", help="MaxText parameter checkpoint to write (load_parameters_path)")
   ap.add_argument("--config", default="", help="the run's config (default: config.yml above the checkpoint)")
   args, overrides = ap.parse_known_args(argv)
+  if not (args.out or args.maxtext_out):
+    ap.error("give --out (HF folder) and/or --maxtext-out (MaxText checkpoint)")
   from rsi_jax.config import load_config
   from rsi_jax.models.actor import Actor
   from rsi_jax.models.checkpoint import restore_params
@@ -110,9 +123,12 @@ def main(argv=None):
   cfg = load_config(args.config or _run_config(args.checkpoint), overrides)
   actor = Actor(cfg, build_mesh(cfg))
   params = restore_params(args.checkpoint, actor=actor.abstract_params)["actor"]
-  out = export_hf(params, cfg, args.out, int(getattr(actor.maxtext_config, "param_scan_axis", 1)))
-  print(f"wrote {out}: {len(os.listdir(out))} files ({cfg.model.name}, "
-        f"{'tied' if cfg.model.logits_via_embedding else 'untied'} head)")
+  if args.out:
+    out = export_hf(params, cfg, args.out, int(getattr(actor.maxtext_config, "param_scan_axis", 1)))
+    print(f"wrote {out}: {len(os.listdir(out))} files ({cfg.model.name}, "
+          f"{'tied' if cfg.model.logits_via_embedding else 'untied'} head)")
+  if args.maxtext_out:
+    print(f"wrote {export_maxtext(params, args.maxtext_out)} (MaxText load_parameters_path)")
 
 
 if __name__ == "__main__":

@@ -72,5 +72,13 @@ def test_command_line_exports_a_run_checkpoint(tmp_path):
   run.mkdir()
   (run / "config.yml").write_text(dump_config(cfg))
   save_params(str(run / "checkpoints" / "rpr1" / "3"), actor=params)
-  main([f"--checkpoint={run / 'checkpoints' / 'rpr1'}", f"--out={tmp_path / 'hf'}"])
+  main([f"--checkpoint={run / 'checkpoints' / 'rpr1'}", f"--out={tmp_path / 'hf'}",
+        f"--maxtext-out={tmp_path / 'mt'}"])
   _same_folder(tmp_path / "hf", "hf_qwen3_untied")
+  # MaxText's own parameter loading (what load_parameters_path runs) reads the same weights back
+  from maxtext.common import checkpointing
+  abstract = {"params": Actor(cfg, build_mesh(cfg)).abstract_params}
+  got = checkpointing.load_params_from_path(str(tmp_path / "mt"), abstract, checkpoint_storage_concurrent_gb=4)
+  got = got["params"]
+  same = jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), got, params)
+  assert jax.tree.leaves(same) and all(jax.tree.leaves(same))
