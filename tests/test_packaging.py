@@ -92,9 +92,14 @@ def test_the_lock_satisfies_the_declared_ranges():
 def test_core_wheel_installs_alone_and_runs_a_scan_estimator_and_a_loss(tmp_path):
   """Build the wheel, install it with only its core dependencies (from the package index) into a fresh
   virtualenv, and run TB-GAE and the PPO loss there; MaxText and Docker are absent."""
+  import shutil
   run = lambda *a, **kw: subprocess.run(a, check=True, capture_output=True, text=True, timeout=900, **kw)
+  src = tmp_path / "src"  # a copy: setuptools writes build/ and *.egg-info/ next to the sources
+  shutil.copytree(REPO / "rsi_jax", src / "rsi_jax", ignore=shutil.ignore_patterns("__pycache__"))
+  for f in ("pyproject.toml", "README.md"):
+    shutil.copy(REPO / f, src / f)
   run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"),
-      str(REPO))
+      str(src))
   wheel = next((tmp_path / "dist").glob("rsi_jax-*.whl"))
   venv = tmp_path / "venv"
   run(sys.executable, "-m", "venv", str(venv))

@@ -1,1 +1,0 @@
-"""rsi_jax.pipeline"""
