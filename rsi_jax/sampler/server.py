@@ -58,6 +58,7 @@ class _Request:
   cursor: int = 0  # next prompt position to prefill
   decode_pos: int = 0  # next position a decode step writes (once decoding)
   decoding: bool = False
+  hashes: tuple = (None, [])  # (weight-version root, chain hashes of the prompt's full blocks)
 
 
 @dataclasses.dataclass
@@ -376,7 +377,9 @@ class SamplerServer:
     pool, bs, n = self.pool, self.engine.block_size, int(req.prompt.size)
     # Only blocks strictly before the last prompt token: that token is always computed (it samples the first
     # generated token).
-    cached = pool.lookup(block_hashes(req.prompt, bs, (n - 1) // bs, self._root()))
+    if req.hashes[0] != self._root():  # once per request (again after a swap): it may wait many loop turns
+      req.hashes = (self._root(), block_hashes(req.prompt, bs, (n - 1) // bs, self._root()))
+    cached = pool.lookup(req.hashes[1])
     extent = min(n + req.params.max_new_tokens, self.engine.max_cache_length)
     need = -(-extent // bs) - len(cached)
     if need > pool.available() - sum(int(pool.ref[b] == 0) for b in cached):
