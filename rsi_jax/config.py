@@ -106,7 +106,7 @@ class MeshConfig:
   ici_data_parallelism: int = 1
   ici_fsdp_parallelism: int = -1
   ici_tensor_parallelism: int = 1
-  ici_sequence_parallelism: int = 1
+  ici_context_parallelism: int = 1
   dcn_data_parallelism: int = 1
   dcn_fsdp_parallelism: int = 1
 
@@ -163,8 +163,13 @@ class RLConfig:
   # second update on) are a departure available by config.
   minibatches: int = 1
   ppo_epochs: int = 1
-  per_device_token_budget: int = 8192  # RESERVED (not yet in effect): token-budget packing
-  dynamic_balancing: bool = False  # RESERVED (not yet in effect): dynamic length balancing (RPR-2)
+  # The learner's passes (rsi_jax/rl/packing.py): each device computes one row of at most this many tokens
+  # per forward/backward pass, several samples (segments) packed into it with their own segment ids; a
+  # sample longer than the budget has a row of its own. 0 = no packing: one sample per row
+  per_device_token_budget: int = 8192
+  # spread samples over the data shards by token count (longest first to the least loaded shard) and pack
+  # rows first-fit decreasing; false: contiguous blocks of samples in order (paper: RPR-2 balances)
+  dynamic_balancing: bool = False
 
   def validate(self, p):
     for k in ("minibatches", "ppo_epochs"):
@@ -174,8 +179,13 @@ class RLConfig:
     for k in ("clip_low", "clip_high", "value_clip"):
       _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
     _check(self.clip_low < 1, f"{p}.clip_low", f"must be < 1 (ratio floor 1-clip_low > 0), got {self.clip_low}")
-    for k in ("logprob_chunk", "per_device_token_budget", "pad_multiple"):
+    for k in ("logprob_chunk", "pad_multiple"):
       _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    _check(self.per_device_token_budget >= 0, f"{p}.per_device_token_budget",
+           f"must be >= 0 (0 = no packing), got {self.per_device_token_budget}")
+    _check(self.per_device_token_budget % self.pad_multiple == 0, f"{p}.per_device_token_budget",
+           f"must be a multiple of rl.pad_multiple={self.pad_multiple} (rows are padded to it), got "
+           f"{self.per_device_token_budget}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -426,7 +436,10 @@ class PipelineConfig:
   eval_every: int = 10  # phase steps between in-training evaluations on eval.tasks_dir (and at each phase's end)
   checkpoint_dir: str = ""  # "" = <run.output_dir>/<run.name>/checkpoints; may be an object-store URL
   sft_epochs: int = 1  # RSR: passes over the verified trajectories, rollout.global_batch per update
-  micro_batch: int = 0  # RESERVED (not yet in effect): gradient accumulation
+  # most samples per device in one learner pass (packed into its row, or one row each without packing);
+  # an update accumulates its passes' gradients in float32. 0 = no limit (with packing, only the token
+  # budget splits passes; without, one pass per update)
+  micro_batch: int = 0
   # Where a phase's weights come from, by phase name: "previous" (the default: the previous phase's output;
   # the first phase's actor starts from model.hf_path or a fresh init), "init" (actor: model.hf_path or a
   # fresh init; critic: the phase's starting actor backbone + a fresh value head, the critic seed's default)
@@ -470,15 +483,6 @@ def phase_kind(name: str) -> str | None:
   return None
 
 
-# Keys kept in the schema for work that will bring them to life; until then only their default is accepted,
-# so a setting never silently does nothing.
-RESERVED_KEYS = {
-    "rl.per_device_token_budget": "token-budget packing is not implemented yet",
-    "rl.dynamic_balancing": "dynamic length balancing is not implemented yet",
-    "pipeline.micro_batch": "gradient accumulation is not implemented yet",
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class Config:
   run: RunConfig = dataclasses.field(default_factory=RunConfig)
@@ -499,11 +503,6 @@ class Config:
   def validate(self, p=""):
     for f in dataclasses.fields(self):
       getattr(self, f.name).validate(f.name)
-    for key, why in RESERVED_KEYS.items():
-      sec, name = key.split(".")
-      want = getattr(_SECTION_DEFAULTS[sec], name)
-      _check(getattr(getattr(self, sec), name) == want, key,
-             f"not yet in effect ({why}); only the default {want!r} is accepted")
     shards = self.mesh.batch_shards()
     if shards is not None:
       _check(self.rollout.global_batch % shards == 0, "rollout.global_batch",
@@ -514,7 +513,6 @@ class Config:
     return _to_plain(self)
 
 
-_SECTION_DEFAULTS = {f.name: f.default_factory() for f in dataclasses.fields(Config)}
 
 
 # ----------------------------------------------------------------------------------------------- loading

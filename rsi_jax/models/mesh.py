@@ -2,9 +2,10 @@
 
 The mesh always carries every axis MaxText's logical axis rules refer to (``data``, ``fsdp``, ``tensor``, ...),
 most of size 1, so MaxText's rules resolve unchanged. Our config exposes the axes we use:
-ICI (within a slice / host) ``data``, ``fsdp``, ``tensor``, ``sequence`` and DCN (across slices / hosts)
-``data``, ``fsdp``. A DCN axis of size n splits the devices into n groups by slice (TPU) or by process
-(CPU/GPU hosts), and that group index varies slowest along the mesh axis, as in MaxText's hybrid mesh.
+ICI (within a slice / host) ``data``, ``fsdp``, ``tensor``, ``context`` (the sequence split over devices:
+context parallelism) and DCN (across slices / hosts) ``data``, ``fsdp``. A DCN axis of size n splits the
+devices into n groups by slice (TPU) or by process (CPU/GPU hosts), and that group index varies slowest
+along the mesh axis, as in MaxText's hybrid mesh.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ MESH_AXES = ("diloco", "data", "stage", "fsdp", "fsdp_transpose", "context", "co
 
 # our mesh key -> MaxText mesh axis
 _ICI_KEYS = {"ici_data_parallelism": "data", "ici_fsdp_parallelism": "fsdp",
-             "ici_tensor_parallelism": "tensor", "ici_sequence_parallelism": "context"}
+             "ici_tensor_parallelism": "tensor", "ici_context_parallelism": "context"}
 _DCN_KEYS = {"dcn_data_parallelism": "data", "dcn_fsdp_parallelism": "fsdp"}
 BATCH_AXES = ("data", "fsdp")  # the batch axis of activations is split over these
 
@@ -111,3 +112,8 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> jax.sharding.NamedSharding:
   """Sharding of a (B, T, ...) input batch: rows over data x fsdp, the rest replicated."""
   spec = jax.sharding.PartitionSpec(BATCH_AXES, *([None] * (ndim - 1)))
   return jax.sharding.NamedSharding(mesh, spec)
+
+
+def batch_shards(mesh: Mesh) -> int:
+  """How many ways the batch axis is split (data x fsdp, DCN included)."""
+  return math.prod(int(mesh.shape.get(a, 1)) for a in BATCH_AXES)

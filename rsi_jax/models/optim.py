@@ -67,7 +67,7 @@ def init_opt_state(optimizer, params, shardings):
 
 def make_train_step(actor, optimizer, loss_fn: Callable, critic=None, critic_optimizer=None,
                     train_actor: bool = True, train_critic: bool = True, donate: bool = True,
-                    has_signal: Callable | None = None):
+                    has_signal: Callable | None = None) -> TrainStep:
   """A jitted step ``(state: TrainState, batch) -> (state, loss, aux)``, sharded like the params.
 
   ``loss_fn(actor_params, critic_params, batch) -> (loss, aux)`` is differentiated with respect to the
@@ -77,45 +77,99 @@ def make_train_step(actor, optimizer, loss_fn: Callable, critic=None, critic_opt
   loss or gradient norm is not finite is skipped (state kept, ``aux["skipped"] = 1``). ``has_signal(batch)``
   (a traced boolean, e.g. "some token is trainable"): False makes no update either (AdamW would still move
   the weights through its moments and weight decay; ``aux["empty"] = 1``).
+
+  :meth:`TrainStep.accumulate` makes one update from several micro-batches (gradient accumulation).
   """
-  mesh = actor.mesh
-  rep = NamedSharding(mesh, PartitionSpec())
-  a_opt_sh = opt_state_shardings(optimizer, actor.abstract_params, actor.param_shardings, mesh) \
-      if train_actor else None
-  c_sh = critic.param_shardings if critic is not None else None
-  c_opt_sh = opt_state_shardings(critic_optimizer, critic.abstract_params, c_sh, mesh) \
-      if critic is not None and train_critic else None
-  state_sh = TrainState(actor.param_shardings, a_opt_sh, c_sh, c_opt_sh, rep)
+  return TrainStep(actor, optimizer, loss_fn, critic, critic_optimizer, train_actor, train_critic, donate,
+                   has_signal)
 
-  def step(state: TrainState, batch):
-    def f(a, c):
-      return loss_fn(a, c, batch)
 
+class TrainStep:
+  """See :func:`make_train_step`. Calling it runs the fused single-batch step."""
+
+  def __init__(self, actor, optimizer, loss_fn, critic, critic_optimizer, train_actor, train_critic, donate,
+               has_signal):
+    mesh = actor.mesh
+    rep = NamedSharding(mesh, PartitionSpec())
+    a_opt_sh = opt_state_shardings(optimizer, actor.abstract_params, actor.param_shardings, mesh) \
+        if train_actor else None
+    c_sh = critic.param_shardings if critic is not None else None
+    c_opt_sh = opt_state_shardings(critic_optimizer, critic.abstract_params, c_sh, mesh) \
+        if critic is not None and train_critic else None
+    state_sh = TrainState(actor.param_shardings, a_opt_sh, c_sh, c_opt_sh, rep)
     argnums = tuple(i for i, on in ((0, train_actor), (1, train_critic and critic is not None)) if on)
-    (loss, aux), grads = jax.value_and_grad(f, argnums=argnums, has_aux=True)(state.actor, state.critic)
-    grads = dict(zip(argnums, grads))
-    actor_p, actor_o, critic_p, critic_o = state.actor, state.actor_opt, state.critic, state.critic_opt
-    finite = jnp.isfinite(loss)
-    if 0 in grads:
-      upd, actor_o = optimizer.update(grads[0], actor_o, actor_p)
-      actor_p = optax.apply_updates(actor_p, upd)
-      aux = dict(aux, actor_grad_norm=optax.global_norm(grads[0]))
-      finite &= jnp.isfinite(aux["actor_grad_norm"])
-    if 1 in grads:
-      upd, critic_o = critic_optimizer.update(grads[1], critic_o, critic_p)
-      critic_p = optax.apply_updates(critic_p, upd)
-      aux = dict(aux, critic_grad_norm=optax.global_norm(grads[1]))
-      finite &= jnp.isfinite(aux["critic_grad_norm"])
-    # Invariant: a non-finite loss or gradient never touches the weights or the optimizer moments; the
-    # update is skipped (weights and optimizer state kept bit for bit) and reported as aux["skipped"] = 1.
-    signal = jnp.asarray(True) if has_signal is None else jnp.asarray(has_signal(batch), bool)
-    new = (actor_p, actor_o, critic_p, critic_o)
-    old = (state.actor, state.actor_opt, state.critic, state.critic_opt)
-    kept = jax.tree.map(lambda n, o: jnp.where(finite & signal, n, o), new, old)
-    aux = dict(aux, skipped=(signal & ~finite).astype(jnp.float32), empty=(~signal).astype(jnp.float32))
-    return TrainState(*kept, state.step + 1), loss, aux
+    grad_sh = {0: actor.param_shardings, 1: c_sh}
+    grad_sh = {i: grad_sh[i] for i in argnums}
 
-  return jax.jit(step, out_shardings=(state_sh, rep, rep), donate_argnums=(0,) if donate else ())
+    def grads_of(state: TrainState, batch):
+      (loss, aux), grads = jax.value_and_grad(lambda a, c: loss_fn(a, c, batch), argnums=argnums,
+                                              has_aux=True)(state.actor, state.critic)
+      return loss, aux, dict(zip(argnums, grads))
+
+    def update(state: TrainState, grads: dict, loss, aux, signal):
+      actor_p, actor_o, critic_p, critic_o = state.actor, state.actor_opt, state.critic, state.critic_opt
+      finite = jnp.isfinite(loss)
+      if 0 in grads:
+        upd, actor_o = optimizer.update(grads[0], actor_o, actor_p)
+        actor_p = optax.apply_updates(actor_p, upd)
+        aux = dict(aux, actor_grad_norm=optax.global_norm(grads[0]))
+        finite &= jnp.isfinite(aux["actor_grad_norm"])
+      if 1 in grads:
+        upd, critic_o = critic_optimizer.update(grads[1], critic_o, critic_p)
+        critic_p = optax.apply_updates(critic_p, upd)
+        aux = dict(aux, critic_grad_norm=optax.global_norm(grads[1]))
+        finite &= jnp.isfinite(aux["critic_grad_norm"])
+      # Invariant: a non-finite loss or gradient never touches the weights or the optimizer moments; the
+      # update is skipped (weights and optimizer state kept bit for bit) and reported as aux["skipped"] = 1.
+      new = (actor_p, actor_o, critic_p, critic_o)
+      old = (state.actor, state.actor_opt, state.critic, state.critic_opt)
+      kept = jax.tree.map(lambda n, o: jnp.where(finite & signal, n, o), new, old)
+      aux = dict(aux, skipped=(signal & ~finite).astype(jnp.float32), empty=(~signal).astype(jnp.float32))
+      return TrainState(*kept, state.step + 1), loss, aux
+
+    def step(state: TrainState, batch):
+      loss, aux, grads = grads_of(state, batch)
+      signal = jnp.asarray(True) if has_signal is None else jnp.asarray(has_signal(batch), bool)
+      return update(state, grads, loss, aux, signal)
+
+    donate_state = (0,) if donate else ()
+    self._step = jax.jit(step, out_shardings=(state_sh, rep, rep), donate_argnums=donate_state)
+    f32 = lambda g: jax.tree.map(lambda x: x.astype(jnp.float32), g)
+    self._grads = jax.jit(lambda state, batch: (lambda l, a, g: (l, a, f32(g)))(*grads_of(state, batch)),
+                          out_shardings=(rep, rep, grad_sh))
+    self._add = jax.jit(lambda acc, g: jax.tree.map(jnp.add, acc, g), out_shardings=grad_sh,
+                        donate_argnums=(0,))
+    self._update = jax.jit(update, out_shardings=(state_sh, rep, rep), donate_argnums=donate_state)
+    self._has_signal = has_signal
+
+  def __call__(self, state: TrainState, batch):
+    return self._step(state, batch)
+
+  def _cache_size(self) -> int:
+    """Compiled executables of the fused step (one per batch shape)."""
+    return self._step._cache_size()
+
+  def accumulate(self, state: TrainState, batches: list, combine: Callable | None = None):
+    """One optimizer update from the summed gradients (float32) of ``batches`` (micro-batches, one forward
+    and backward pass each, of any shapes): the loss must be normalised by the whole update's sample / token
+    counts, so that the micro-batches' losses sum to the update's. Returns (state, loss, aux) as a call does;
+    ``aux``: ``combine(list of each pass's aux)`` (default: the first pass's), plus grad norms and counts.
+    One batch runs the fused step."""
+    if not batches:
+      raise ValueError("accumulate: no micro-batch")
+    if len(batches) == 1:
+      state, loss, aux = self._step(state, batches[0])
+      return state, loss, (combine([aux]) if combine else aux) | {k: aux[k] for k in aux if k.endswith(
+          ("grad_norm", "skipped", "empty"))}
+    loss, acc, auxes, signal = 0.0, None, [], False
+    for b in batches:
+      l, a, g = self._grads(state, b)
+      acc = g if acc is None else self._add(acc, g)
+      loss = loss + l
+      auxes.append(a)
+      signal = signal or self._has_signal is None or bool(self._has_signal(b))
+    aux = combine(auxes) if combine else auxes[0]
+    return self._update(state, acc, jnp.asarray(loss, jnp.float32), aux, jnp.asarray(signal))
 
 
 def init_train_state(actor, optimizer, actor_params, critic=None, critic_optimizer=None, critic_params=None,
@@ -136,15 +190,18 @@ def init_train_state(actor, optimizer, actor_params, critic=None, critic_optimiz
 
 def masked_nll_loss(actor, normalize: str = "per_sample"):
   """The RSR SFT loss (paper Eq. 3 via :func:`rsi_jax.rl.losses.sft_loss`; ``normalize`` as documented
-  there) as a train-step loss. Batch dict: tokens, positions, segment_ids, mask (generated decisions), and
-  optionally loss_index (:func:`rsi_jax.models.actor.target_index` of the mask)."""
+  there) as a train-step loss. Batch dict: tokens, positions, segment_ids (packed rows: one id per sample),
+  mask (generated decisions), and optionally loss_index (:func:`rsi_jax.models.actor.target_index` of the
+  mask) and num_samples / num_tokens (the whole update's, when it accumulates micro-batches)."""
   from rsi_jax.rl.losses import sft_loss
   logprobs = actor.token_logprobs_fn()
 
   def loss_fn(actor_params, critic_params, batch):
     lp = logprobs(actor_params, batch["tokens"], batch["positions"], batch["segment_ids"],
                   index=batch.get("loss_index"))  # with it, the LM head runs on the generated tokens only
-    loss, m = sft_loss(lp, batch["mask"].astype(jnp.float32), normalize=normalize)
-    return loss, {"nll_per_token": m["nll_per_token"]}
+    loss, m = sft_loss(lp, batch["mask"].astype(jnp.float32), normalize=normalize,
+                       segment_ids=batch["segment_ids"], num_samples=batch.get("num_samples"),
+                       num_tokens=batch.get("num_tokens"))
+    return loss, {"nll_per_token": m["nll_per_token"], "num_tokens": m["num_tokens"]}
 
   return loss_fn

@@ -30,12 +30,14 @@ import numpy as np
 from etils import epath
 
 from rsi_jax.config import Config
-from rsi_jax.models.actor import target_index
 from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, make_train_step, masked_nll_loss
+from rsi_jax.pipeline.rpr import learner_passes, packed_inputs
 from rsi_jax.pipeline.metrics import read_jsonl
 from rsi_jax.pipeline.rollouts import RolloutPolicy, TaskOrder, collect, derive_seed
 from rsi_jax.policy import SamplingParams
 from rsi_jax.rl.batch import Sample, assemble_batch, episode_samples, load_samples
+from rsi_jax.rl.metrics import combine_pass_metrics
+from rsi_jax.rl.packing import pass_index
 from rsi_jax.rl.outcome_table import outcome_row
 
 
@@ -176,10 +178,6 @@ class RSRPhase(Phase):
       return
     b = self.cfg.rollout.global_batch
     self.num_steps = len(self.qclean.batches(0, self.cfg.pipeline.sft_epochs, b))
-    # one compiled shape for the whole phase: rows for the largest batch, columns for the longest segment
-    self.rows = _round_rows(sft_batch_rows([len(e) for e in self.samples], b, self.cfg.pipeline.sft_epochs),
-                            self.ctx.mesh)
-    self.pad_to = max(len(s.ids) for e in self.samples for s in e)
 
   def _funnel(self, actor_params):
     from rsi_jax.rsr.funnel import policy_factory, run_funnel
@@ -232,26 +230,28 @@ class RSRPhase(Phase):
     idx = [int(k) for k in next(self._it)]
     state = dataclasses.replace(state, data=self._it.get_state())
     eps = [self.samples[k] for k in idx]
-    pad = self.cfg.rl.pad_multiple
-    batch = assemble_batch(eps, [1.0] * len(eps), pad_multiple=pad, pad_id=self.ctx.tokenizer.pad_id,
-                           num_rows=self.rows)
-    t_pad = -(-self.pad_to // pad) * pad
-    data = {k: _pad_cols(v, t_pad) for k, v in (("tokens", batch.tokens), ("positions", batch.positions),
-                                                ("segment_ids", batch.segment_ids), ("mask", batch.gen_mask))}
-    data["loss_index"] = target_index(data["mask"])  # the LM head runs on the generated tokens only
-    train, _, aux = self._step(state.train, data)
+    batch = assemble_batch(eps, [1.0] * len(eps), pad_multiple=self.cfg.rl.pad_multiple,
+                           pad_id=self.ctx.tokenizer.pad_id)
+    # packed passes (rl.per_device_token_budget), gradients accumulated into one update; the loss divides by
+    # the update's trajectory segments, so it equals the unpacked one
+    trainable = np.flatnonzero(batch.gen_mask.sum(1) > 0)
+    mesh = self.ctx.mesh
+    plan = learner_passes(self.cfg, mesh, batch.segment_ids.sum(1), trainable)
+    index = pass_index(plan, batch.tokens.shape[1])
+    passes = []
+    for p in range(plan.passes):
+      data = packed_inputs(plan, index, p, {"tokens": batch.tokens, "gen_mask": batch.gen_mask}, mesh)
+      data["mask"] = data.pop("gen_mask")
+      passes.append(dict(data, num_samples=np.float32(len(trainable))))
+    train, _, aux = self._step.accumulate(state.train, passes, combine=combine_pass_metrics)
     aux = jax.device_get(aux)
     tokens = int(batch.gen_mask.sum())
     dt = time.time() - t0
     m = {"loss": float(aux["nll_per_token"]), "nll_per_token": float(aux["nll_per_token"]),
          "actor_grad_norm": float(aux["actor_grad_norm"]), "skipped_updates": int(aux["skipped"]),
          "trajectories": len(eps), "sft_tokens": tokens, "tokens_per_s": tokens / max(dt, 1e-9),
-         "step_seconds": dt}
+         "step_seconds": dt, **plan.stats()}
     return dataclasses.replace(state, train=train), m
-
-
-def _pad_cols(a: np.ndarray, t: int) -> np.ndarray:
-  return a if a.shape[1] == t else np.pad(a, ((0, 0), (0, t - a.shape[1])))
 
 
 # ------------------------------------------------------------------------------------------ rollouts
@@ -427,8 +427,7 @@ class RolloutPhase(Phase):
               for ss in samples]
     too_old = np.array([version - o > cfg.rollout.max_staleness for o in oldest], bool)
     ok = (mask > 0) & ~too_old
-    batch = assemble_batch(samples, rewards, ok, pad_multiple=cfg.rl.pad_multiple, pad_id=ctx.tokenizer.pad_id,
-                           num_rows=_round_rows(sum(len(s) for s in samples), ctx.mesh, cfg.rl.minibatches))
+    batch = assemble_batch(samples, rewards, ok, pad_multiple=cfg.rl.pad_multiple, pad_id=ctx.tokenizer.pad_id)
     trainable = [j for j, s in enumerate(samples) if ok[j] and any(x.gen_mask.any() for x in s)]
     if not trainable:
       why = Counter(e.failure_kind or e.stop_reason or "no generated token" for e in eps)
@@ -529,14 +528,3 @@ def _mean(x) -> float | None:
   return float(np.mean(x)) if len(x) else None
 
 
-def sft_batch_rows(segments: list[int], batch: int, epochs: int) -> int:
-  """The most segment rows one SFT batch of ``batch`` Q_clean items can need (``segments[i]``: item i's
-  segment count): the ``batch`` largest, each item counted up to ``epochs`` times (a batch that spans passes
-  over a Q_clean smaller than the batch holds an item more than once)."""
-  return sum(sorted((n for n in segments for _ in range(epochs)), reverse=True)[:batch])
-
-
-def _round_rows(rows: int, mesh, minibatches: int = 1) -> int:
-  """Rows padded so every minibatch splits evenly over the mesh's batch shards (data x fsdp)."""
-  unit = int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1)) * minibatches
-  return -(-rows // unit) * unit

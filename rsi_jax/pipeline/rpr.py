@@ -2,13 +2,15 @@
 
 One rollout step's batch goes through:
 
-1. ``prepare`` (jitted, no gradients): π_old log-probs recomputed by the *training-side* actor (not the
-   sampler's; those are kept to report the training–inference mismatch), the old critic values v, and TB-GAE
-   advantages / returns over the retained (generated) tokens, with segments of one rollout linked by the
-   TB-GAE carry (Eq. 12) so summarization boundaries are not terminal.
+1. ``prepare`` (no gradients): π_old log-probs recomputed by the *training-side* actor (not the sampler's;
+   those are kept to report the training–inference mismatch) and the old critic values v, on packed passes
+   (:mod:`rsi_jax.rl.packing`), then TB-GAE advantages / returns over the retained (generated) tokens in the
+   sample layout, with segments of one rollout linked by the TB-GAE carry (Eq. 12) so summarization
+   boundaries are not terminal.
 2. ``rl.ppo_epochs`` x ``rl.minibatches`` updates, each a ``critic_step`` (the first ``critic_only_steps``
-   rollout steps of a phase: actor frozen) or a ``joint_step`` (PPO policy loss, Eq. 14 with ε_ℓ=0.30 / ε_h=5.00, plus the max-form clipped value loss
-   with ε_V=4.00), each role with its own AdamW chain (``make_optimizer``).
+   rollout steps of a phase: actor frozen) or a ``joint_step`` (PPO policy loss, Eq. 14 with ε_ℓ=0.30 /
+   ε_h=5.00, plus the max-form clipped value loss with ε_V=4.00), each role with its own AdamW chain
+   (``make_optimizer``). An update is one or more packed passes whose gradients are accumulated in float32.
 """
 
 from __future__ import annotations
@@ -20,15 +22,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from rsi_jax.config import Config
+from jax.sharding import NamedSharding, PartitionSpec
+
 from rsi_jax.models.actor import target_index
+from rsi_jax.models.mesh import batch_shards, batch_sharding
 from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, make_train_step
 from rsi_jax.rl.advantages import TBGAECarry, TBGAEResult, tb_gae
 from rsi_jax.rl.batch import TrajectoryBatch
 from rsi_jax.rl.losses import ppo_policy_loss, value_loss
-from rsi_jax.rl.metrics import explained_variance, masked_token_mean
+from rsi_jax.rl.metrics import combine_pass_metrics, explained_variance, masked_token_mean
+from rsi_jax.rl.packing import PassIndex, PassPlan, pass_index, plan_passes, take
 
-_DEVICE_FIELDS = ("tokens", "positions", "segment_ids", "gen_mask", "turn_ids", "rewards", "dones",
-                  "row_mask", "next_row")  # sampler logprobs and weight versions stay on the host
+# what TB-GAE reads, in the sample layout (sampler logprobs and weight versions stay on the host)
+_SAMPLE_FIELDS = ("gen_mask", "turn_ids", "rewards", "dones", "next_row")
 
 
 def linked_tb_gae(values, batch: dict, gamma_turn: float, lambda_turn: float, links: int) -> TBGAEResult:
@@ -59,10 +65,29 @@ def linked_tb_gae(values, batch: dict, gamma_turn: float, lambda_turn: float, li
 
 
 def to_device_batch(batch: TrajectoryBatch) -> dict:
-  """The arrays the jitted steps read, as a dict (the sampler logprobs stay on the host), with
-  ``loss_index``: the generated positions, the only ones whose log-probabilities the losses read."""
-  return {**{k: jnp.asarray(getattr(batch, k)) for k in _DEVICE_FIELDS},
-          "loss_index": jnp.asarray(target_index(batch.gen_mask))}
+  """The sample-layout arrays TB-GAE reads (:func:`linked_tb_gae`), on the device."""
+  return {k: jnp.asarray(getattr(batch, k)) for k in _SAMPLE_FIELDS}
+
+
+def learner_passes(cfg: Config, mesh, lengths, samples, pad_multiple: int | None = None):
+  """The :class:`~rsi_jax.rl.packing.PassPlan` of ``samples`` for the learner under ``cfg``: the mesh's
+  batch shards, ``rl.per_device_token_budget``, ``pipeline.micro_batch``, ``rl.pad_multiple``,
+  ``rl.dynamic_balancing``."""
+  return plan_passes(lengths, samples=samples, shards=batch_shards(mesh), token_budget=cfg.rl.per_device_token_budget,
+                     micro_batch=cfg.pipeline.micro_batch, balance=cfg.rl.dynamic_balancing,
+                     pad_multiple=cfg.rl.pad_multiple if pad_multiple is None else pad_multiple)
+
+
+def packed_inputs(plan: PassPlan, index: PassIndex, p: int, sample_arrays: dict, mesh) -> dict:
+  """Pass ``p`` of a plan as model inputs on the mesh (rows over the batch shards): ``tokens``,
+  ``positions``, ``segment_ids`` (1, 2, ... per packed sample), ``loss_index`` (the generated positions, the
+  only ones the losses read) and every array of ``sample_arrays`` ((S, Ts) host arrays) in packed layout."""
+  g = index.gather[p]
+  out = {k: take(np.asarray(v), g) for k, v in sample_arrays.items()}
+  out.update(positions=index.positions[p], segment_ids=index.segment_ids[p])
+  if "gen_mask" in out:
+    out["loss_index"] = target_index(out["gen_mask"])
+  return {k: jax.device_put(v, batch_sharding(mesh, v.ndim)) for k, v in out.items()}
 
 
 def chain_links(batch: TrajectoryBatch) -> int:
@@ -78,7 +103,12 @@ def chain_links(batch: TrajectoryBatch) -> int:
 
 @dataclasses.dataclass
 class RPRTrainer:
-  """Actor + critic PPO updates for one phase (one config: its learning rates, clips, clocks)."""
+  """Actor + critic PPO updates for one phase (one config: its learning rates, clips, clocks).
+
+  The model runs on packed passes (:mod:`rsi_jax.rl.packing`: ``rl.per_device_token_budget`` tokens per
+  device and pass, ``rl.dynamic_balancing``, ``pipeline.micro_batch``); TB-GAE runs on the batch's sample
+  layout (one segment per row, segments linked by ``next_row``); an update accumulates its passes'
+  gradients in float32. Losses and gradients equal the unpacked single-pass ones (to float32 rounding)."""
   cfg: Config
   actor: object  # rsi_jax.models.Actor
   critic: object  # rsi_jax.models.Critic
@@ -89,22 +119,30 @@ class RPRTrainer:
     self.critic_opt = make_optimizer(self.cfg.critic_optim)
     logp_fn = self.actor.token_logprobs_fn()
     values_fn = self.critic.values_fn()
+    mesh = self.actor.mesh
+    rep = NamedSharding(mesh, PartitionSpec())
 
-    def prepare(actor_params, critic_params, batch, links):
+    def forward(actor_params, critic_params, batch):  # π_old and v_old of one pass (no gradients)
       args = (batch["tokens"], batch["positions"], batch["segment_ids"])
-      old_logp = logp_fn(actor_params, *args, index=batch["loss_index"])  # 0 off the generated tokens
-      old_values = values_fn(critic_params, *args)
+      return logp_fn(actor_params, *args, index=batch["loss_index"]), values_fn(critic_params, *args)
+
+    self._forward = jax.jit(forward, out_shardings=(batch_sharding(mesh), batch_sharding(mesh)))
+
+    def targets(old_logp, old_values, scatter, batch, links):
+      # the passes' per-token outputs back in the sample layout, where TB-GAE links segments
+      old_logp, old_values = take(old_logp, scatter), take(old_values, scatter)
       res = linked_tb_gae(old_values, batch, rl.gamma_turn, rl.lambda_turn, links)
       # the critic's fit before this step's updates (explained variance of the values TB-GAE used)
       ev = explained_variance(old_values, res.returns, batch["gen_mask"])
       return {"old_logp": old_logp, "old_values": old_values, "advantages": res.advantages,
               "returns": res.returns, "explained_variance": ev}
 
-    self._prepare = jax.jit(prepare, static_argnums=3)
+    self._targets = jax.jit(targets, static_argnums=4, out_shardings=rep)
 
     def value_part(critic_params, batch):
       v = values_fn(critic_params, batch["tokens"], batch["positions"], batch["segment_ids"])
-      return value_loss(v, batch["old_values"], batch["returns"], batch["gen_mask"], clip=rl.value_clip)
+      return value_loss(v, batch["old_values"], batch["returns"], batch["gen_mask"], clip=rl.value_clip,
+                        segment_ids=batch["segment_ids"], num_samples=batch["num_samples"])
 
     def critic_loss(actor_params, critic_params, batch):
       del actor_params
@@ -115,7 +153,8 @@ class RPRTrainer:
       logp = logp_fn(actor_params, batch["tokens"], batch["positions"], batch["segment_ids"],
                      index=batch["loss_index"])
       l_pi, m_pi = ppo_policy_loss(logp, batch["old_logp"], batch["advantages"], batch["gen_mask"],
-                                   clip_low=rl.clip_low, clip_high=rl.clip_high)
+                                   clip_low=rl.clip_low, clip_high=rl.clip_high,
+                                   segment_ids=batch["segment_ids"], num_samples=batch["num_samples"])
       l_v, m_v = value_part(critic_params, batch)
       aux = {**{f"policy/{k}": x for k, x in m_pi.items()}, **{f"value/{k}": x for k, x in m_v.items()},
              "policy/loss": l_pi, "value/loss": l_v}
@@ -139,30 +178,57 @@ class RPRTrainer:
     s = self.init_state(state.actor, state.critic, train_actor=True)
     return s._replace(critic_opt=state.critic_opt, step=state.step)
 
+  def prepare(self, state: TrainState, batch: TrajectoryBatch) -> dict:
+    """π_old, v_old (packed passes) and TB-GAE (sample layout) of a batch: host arrays in the sample
+    layout (``old_logp``, ``old_values``, ``advantages``, ``returns``), ``explained_variance`` and the
+    passes' ``packing/*`` statistics."""
+    mesh = self.actor.mesh
+    lengths = batch.segment_ids.sum(1)
+    trainable = [int(i) for i in np.flatnonzero(batch.gen_mask.sum(1) > 0)]
+    plan = learner_passes(self.cfg, mesh, lengths, trainable)
+    index = pass_index(plan, batch.tokens.shape[1])
+    outs = [self._forward(state.actor, state.critic,
+                          packed_inputs(plan, index, p, {"tokens": batch.tokens, "gen_mask": batch.gen_mask},
+                                        mesh))
+            for p in range(plan.passes)]
+    logp, values = jnp.stack([o[0] for o in outs]), jnp.stack([o[1] for o in outs])
+    out = jax.device_get(self._targets(logp, values, jnp.asarray(index.scatter), to_device_batch(batch),
+                                       chain_links(batch)))
+    return {**out, "trainable": trainable, **plan.stats()}
+
   def step(self, state: TrainState, batch: TrajectoryBatch, train_actor: bool, version: int | None = None):
     """One rollout step's updates: π_old, v_old and TB-GAE once, then ``rl.ppo_epochs`` passes of
-    ``rl.minibatches`` updates over a fixed shuffle of the rows. Returns (state, metrics): means over the
-    updates, except ``policy/ratio_min`` / ``ratio_max`` (extremes over the step), the update counts, and the
-    explained variance of the pre-update values. ``version``: the weight version of ``state.actor``; tokens
-    sampled by it give the implementation mismatch (``mismatch/*``), older ones the policy drift
-    (``drift/*``) and the staleness. ``state`` is donated: use the returned one."""
+    ``rl.minibatches`` updates over a fixed shuffle of the trainable samples (segments). Returns (state,
+    metrics): means over the updates, except ``policy/ratio_min`` / ``ratio_max`` (extremes over the step),
+    the update counts, the explained variance of the pre-update values and the ``packing/*`` statistics of
+    the step's passes. ``version``: the weight version of ``state.actor``; tokens sampled by it give the
+    implementation mismatch (``mismatch/*``), older ones the policy drift (``drift/*``) and the staleness.
+    ``state`` is donated: use the returned one."""
     if train_actor and state.actor_opt is None:
       raise ValueError("joint step with a frozen-actor state: call start_actor(state) first")
-    rl = self.cfg.rl
-    rows = len(batch.row_mask)
-    if rows % rl.minibatches:
-      raise ValueError(f"batch of {rows} rows does not split into rl.minibatches={rl.minibatches}")
-    dev = to_device_batch(batch)
-    prep = self._prepare(state.actor, state.critic, dev, chain_links(batch))
+    rl, mesh = self.cfg.rl, self.actor.mesh
+    prep = self.prepare(state, batch)
+    trainable = prep.pop("trainable")
+    if 0 < len(trainable) < rl.minibatches:
+      raise ValueError(f"{len(trainable)} trainable samples do not split into rl.minibatches={rl.minibatches}")
     ev = prep.pop("explained_variance")
-    full = {**dev, **prep}
+    packing = {k: prep.pop(k) for k in list(prep) if k.startswith("packing/")}
+    sample_arrays = {"tokens": batch.tokens, "gen_mask": batch.gen_mask, **prep}
+    lengths = batch.segment_ids.sum(1)
     fn = self._joint_step if train_actor else self._critic_step
-    order = np.random.default_rng(int(state.step)).permutation(rows).reshape(rl.minibatches, -1)
+    order = np.random.default_rng(int(state.step)).permutation(trainable)
+    groups = [np.sort(g) for g in np.array_split(order, rl.minibatches)]
+    layouts = []
+    for g in groups:
+      plan = learner_passes(self.cfg, mesh, lengths, g)
+      layouts.append((plan, pass_index(plan, batch.tokens.shape[1])))
     updates = []
     for _ in range(rl.ppo_epochs):
-      for idx in order:
-        idx = jnp.asarray(np.sort(idx))
-        state, loss, aux = fn(state, {k: v[idx] for k, v in full.items()})
+      for (plan, index), g in zip(layouts, groups):
+        n = np.float32(len(g))  # the minibatch's samples: the E_j denominator of every pass
+        passes = [dict(packed_inputs(plan, index, p, sample_arrays, mesh), num_samples=n)
+                  for p in range(plan.passes)]
+        state, loss, aux = fn.accumulate(state, passes, combine=combine_pass_metrics)
         updates.append(dict(jax.device_get(aux), loss=loss))
     counts = ("skipped", "empty")
     metrics = {k: float(np.mean([u[k] for u in updates])) for k in updates[0] if k not in counts}
@@ -175,9 +241,9 @@ class RPRTrainer:
     metrics["empty_updates"] = int(sum(u["empty"] for u in updates))  # no trainable token: no update
     metrics.update(token_version_metrics(np.asarray(prep["old_logp"]), batch, version),
                    updates=len(updates) - metrics["skipped_updates"] - metrics["empty_updates"],
-                   **{"value/explained_variance": float(ev)},
-                   advantage_mean=float(masked_token_mean(prep["advantages"], dev["gen_mask"])),
-                   return_mean=float(masked_token_mean(prep["returns"], dev["gen_mask"])))
+                   **{"value/explained_variance": float(ev)}, **packing,
+                   advantage_mean=float(masked_token_mean(prep["advantages"], batch.gen_mask)),
+                   return_mean=float(masked_token_mean(prep["returns"], batch.gen_mask)))
     return state, metrics
 
 

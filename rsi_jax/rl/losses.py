@@ -5,9 +5,12 @@ decisions, ``gen_mask``), returns ``(loss, metrics)`` with a float32 scalar loss
 scalars, and is jittable and differentiable. Inputs at mask = 0 are never read and receive zero gradient, so
 padding may hold anything (NaN, ±inf) without poisoning the loss or its gradient.
 
-Aggregation (Eq. 14's E_j) is **sample-level**: mean over each row's masked tokens, then mean over the rows
-with ≥ 1 masked token (rows with none are excluded, not counted as zero). Monitoring metrics (clip
-fractions, ratio statistics, approximate KL) are token-level over all masked tokens of the batch.
+Aggregation (Eq. 14's E_j) is **sample-level**: mean over each sample's masked tokens, then mean over the
+samples with ≥ 1 masked token (samples with none are excluded, not counted as zero). A sample is a row, or,
+for packed rows, a segment of a row (``segment_ids``: 1, 2, ... per sample, 0 on padding); ``num_samples``
+replaces the counted denominator (a micro-batch's share of a minibatch: the micro-batches' losses and
+gradients then sum to the whole minibatch's). Monitoring metrics (clip fractions, ratio statistics,
+approximate KL) are token-level over all masked tokens of the batch.
 
 The targets — ``old_logp``, ``advantages``, ``old_values``, ``returns`` — are detached here
 (``stop_gradient``): the paper uses detached pre-update v_j, A_j and Ĝ_j (§2.4).
@@ -20,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from rsi_jax.rl.metrics import (explained_variance, masked_max, masked_min, masked_sample_mean,
-                                masked_token_mean)
+                                masked_token_mean, sample_count)
 
 SFT_NORMALIZATIONS = ("sum", "per_sample", "per_token", "sample_mean")
 
@@ -32,7 +35,8 @@ def _prep(mask, *xs):
   return (m,) + tuple(jnp.where(m, jnp.asarray(x, jnp.float32), 0.0) for x in xs)
 
 
-def ppo_policy_loss(logp, old_logp, advantages, mask, clip_low=0.3, clip_high=5.0):
+def ppo_policy_loss(logp, old_logp, advantages, mask, clip_low=0.3, clip_high=5.0, segment_ids=None,
+                    num_samples=None):
   """Asymmetric-clip PPO surrogate, Eq. 14 (first line): L_π = −E_j min(ρ_j A_j, clip(ρ_j, 1−ε_ℓ, 1+ε_h) A_j).
 
   ρ_j = exp(logπ_θ − logπ_old). π_old is the training-side old actor's recomputation (not the sampler's
@@ -59,7 +63,7 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, clip_low=0.3, clip_high=5.
   log_ratio = logp - old_logp  # 0 where mask = 0
   ratio = jnp.exp(log_ratio)
   surrogate = jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv)
-  loss = -masked_sample_mean(surrogate, m)
+  loss = -masked_sample_mean(surrogate, m, segment_ids, num_samples)
 
   r = jax.lax.stop_gradient(ratio)
   lr = jax.lax.stop_gradient(log_ratio)
@@ -75,12 +79,12 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, clip_low=0.3, clip_high=5.
       "ratio_max": masked_max(r, m, empty=1.0),
       "approx_kl": masked_token_mean((r - 1.0) - lr, m),
       "advantage_mean": masked_token_mean(adv, m),
-      **_counts(m),
+      **_counts(m, segment_ids),
   }
   return loss, metrics
 
 
-def value_loss(values, old_values, returns, mask, clip=4.0):
+def value_loss(values, old_values, returns, mask, clip=4.0, segment_ids=None, num_samples=None):
   """Max-form clipped value loss, Eq. 14 (second line): L_V = E_j max{(V − Ĝ)², (V̄ − Ĝ)²}.
 
   V̄_j = v_j + clip(V_φ(h_j) − v_j, −ε_V, ε_V), with v_j the detached pre-update value (the one TB-GAE
@@ -105,7 +109,7 @@ def value_loss(values, old_values, returns, mask, clip=4.0):
   v_clipped = v_old + jnp.clip(v - v_old, -clip, clip)
   err = jnp.square(v - g)
   err_clipped = jnp.square(v_clipped - g)
-  loss = masked_sample_mean(jnp.maximum(err, err_clipped), m)
+  loss = masked_sample_mean(jnp.maximum(err, err_clipped), m, segment_ids, num_samples)
 
   vs = jax.lax.stop_gradient(v)
   metrics = {
@@ -114,14 +118,14 @@ def value_loss(values, old_values, returns, mask, clip=4.0):
       "value_clip_active_frac": masked_token_mean(jax.lax.stop_gradient(err_clipped > err), m),
       "value_mean": masked_token_mean(vs, m),
       "return_mean": masked_token_mean(g, m),
-      "value_mse": jax.lax.stop_gradient(masked_sample_mean(err, m)),
+      "value_mse": jax.lax.stop_gradient(masked_sample_mean(err, m, segment_ids, num_samples)),
       "explained_variance": explained_variance(vs, g, m),
-      **_counts(m),
+      **_counts(m, segment_ids),
   }
   return loss, metrics
 
 
-def sft_loss(logp, mask, normalize="per_sample"):
+def sft_loss(logp, mask, normalize="per_sample", segment_ids=None, num_samples=None, num_tokens=None):
   """Masked negative log-likelihood for RSR replay, Eq. 3: L = −E_{Q_clean} Σ_j m_j log π_θ(y_j | h_j).
 
   Eq. 3 sums over a trajectory's generated decisions and averages over trajectories. ``normalize`` says how
@@ -132,6 +136,9 @@ def sft_loss(logp, mask, normalize="per_sample"):
   - ``"sum"``: S itself, Eq. 3's inner sum taken over the whole batch.
   - ``"per_token"``: S / (#masked tokens), the usual LM-SFT token mean (not Eq. 3: rescales by batch length).
   - ``"sample_mean"``: E_j as in Eq. 14 (per-row token mean, then mean over rows; not Eq. 3).
+
+  Rows may pack several samples (``segment_ids``); ``num_samples`` / ``num_tokens`` replace the counted
+  denominators (gradient accumulation: see the module docstring).
 
   Args:
     logp: (B, T) log π_θ of the target tokens (differentiated).
@@ -145,16 +152,17 @@ def sft_loss(logp, mask, normalize="per_sample"):
     raise ValueError(f"normalize must be one of {SFT_NORMALIZATIONS}, got {normalize!r}")
   m, logp = _prep(mask, logp)
   nll = -logp
-  counts = _counts(m)
+  counts = _counts(m, segment_ids)
   total = jnp.sum(nll)
+  den = lambda given, counted: jnp.maximum(counted if given is None else jnp.asarray(given, jnp.float32), 1.0)
   if normalize == "sum":
     loss = total
   elif normalize == "per_sample":
-    loss = total / jnp.maximum(counts["num_samples"], 1.0)
+    loss = total / den(num_samples, counts["num_samples"])
   elif normalize == "per_token":
-    loss = total / jnp.maximum(counts["num_tokens"], 1.0)
+    loss = total / den(num_tokens, counts["num_tokens"])
   else:
-    loss = masked_sample_mean(nll, m)
+    loss = masked_sample_mean(nll, m, segment_ids, num_samples)
   metrics = {
       "sft_loss": jax.lax.stop_gradient(loss),
       "nll_per_token": jax.lax.stop_gradient(masked_token_mean(nll, m)),
@@ -163,6 +171,5 @@ def sft_loss(logp, mask, normalize="per_sample"):
   return loss, metrics
 
 
-def _counts(m):
-  n = m.sum(axis=-1)
-  return {"num_tokens": n.sum().astype(jnp.float32), "num_samples": (n > 0).sum().astype(jnp.float32)}
+def _counts(m, segment_ids=None):
+  return {"num_tokens": m.sum().astype(jnp.float32), "num_samples": sample_count(m, segment_ids)}

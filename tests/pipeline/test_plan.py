@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from rsi_jax.config import CONFIG_DIR, REPO_ROOT, RESERVED_KEYS, Config, load_config
+from rsi_jax.config import CONFIG_DIR, REPO_ROOT, Config, load_config
 from rsi_jax.pipeline.driver import (PreflightError, build_plan, check_fresh, checkpoint_root, preflight,
                                      run_dir_of)
 from rsi_jax.pipeline.phases import InvariantError
@@ -114,9 +114,9 @@ def _read_keys() -> str:
   return "\n".join(p.read_text() for p in (REPO_ROOT / "rsi_jax").rglob("*.py") if p.name != "config.py")
 
 
-def test_every_config_key_is_read_or_reserved():
-  """Every key of configs/base.yml is read outside config.py (model keys go to MaxText by name), unless
-  it is listed in RESERVED_KEYS, which only accept their default."""
+def test_every_config_key_is_read():
+  """Every key of configs/base.yml is read outside config.py (model keys go to MaxText by name): no dead
+  settings."""
   base = yaml.safe_load((CONFIG_DIR / "base.yml").read_text())
   src = _read_keys()
   unread = []
@@ -125,14 +125,9 @@ def test_every_config_key_is_read_or_reserved():
       continue
     for key in keys:
       dotted = f"{section}.{key}"
-      if dotted in RESERVED_KEYS:
-        continue
       if not re.search(rf"\.{re.escape(key)}\b|[\"']{re.escape(key)}[\"']", src):
         unread.append(dotted)
   assert unread == []
-  for key in RESERVED_KEYS:  # reserved keys are still in the schema and base.yml
-    section, name = key.split(".")
-    assert name in base[section]
 
 
 def test_task_order_is_seeded_random_access_with_repeats():

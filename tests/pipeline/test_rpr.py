@@ -8,6 +8,7 @@ import pytest
 
 from rsi_jax.config import CONFIG_DIR, load_config
 from rsi_jax.models import Actor, Critic, build_mesh
+from rsi_jax.models.optim import TrainState
 from rsi_jax.pipeline.rpr import RPRTrainer
 from rsi_jax.rl.batch import Sample, assemble_batch
 
@@ -66,9 +67,8 @@ def test_critic_only_then_joint(trainer):
   assert m["mismatch/abs_mean"] == pytest.approx(float(np.abs(lp[g] + 1).mean()), rel=1e-5)
   assert m["mismatch/tokens"] == int(g.sum()) and m["drift/tokens"] == 0 and m["staleness/max"] == 0
   # explained variance of the values TB-GAE used (before this step's update)
-  from rsi_jax.pipeline.rpr import chain_links, to_device_batch
   from rsi_jax.rl.metrics import explained_variance
-  prep = tr._prepare(a_host, c_host, to_device_batch(batch), chain_links(batch))
+  prep = tr.prepare(TrainState(a_host, None, c_host), batch)
   ev = explained_variance(prep["old_values"], prep["returns"], batch.gen_mask)
   assert m["value/explained_variance"] == pytest.approx(float(ev), abs=1e-6)
 
@@ -83,8 +83,7 @@ def test_critic_only_then_joint(trainer):
 
 
 def _sample_mean_adv(tr, a, c, batch):
-  from rsi_jax.pipeline.rpr import chain_links, to_device_batch
-  prep = tr._prepare(a, c, to_device_batch(batch), chain_links(batch))
+  prep = tr.prepare(TrainState(a, None, c), batch)
   adv, m = np.asarray(prep["advantages"]), batch.gen_mask
   rows = m.sum(1) > 0
   return float(((adv * m).sum(1)[rows] / m.sum(1)[rows]).mean())
@@ -115,8 +114,8 @@ def test_later_updates_see_the_changed_policy(trainer):
   assert m2["updates"] == 2 and int(state.step) == 2
   assert max(m2["policy/ratio_max"] - 1, 1 - m2["policy/ratio_min"]) > 1e-2
   assert m2["policy/approx_kl"] > 1e-6
-  with pytest.raises(ValueError, match="does not split into rl.minibatches=3"):
-    RPRTrainer(with_overrides(tr.cfg, {"rl": {"minibatches": 3}}), tr.actor, tr.critic).step(
+  with pytest.raises(ValueError, match="3 trainable samples do not split into rl.minibatches=4"):
+    RPRTrainer(with_overrides(tr.cfg, {"rl": {"minibatches": 4}}), tr.actor, tr.critic).step(
         state, _batch(), train_actor=True)
 
 
@@ -167,3 +166,63 @@ def test_token_versions_split_mismatch_from_drift():
   assert m["mismatch/abs_mean"] == pytest.approx(0.25) and m["drift/abs_mean"] == pytest.approx(2.0)
   assert m["mismatch/tokens"] + m["drift/tokens"] == int(g.sum())
   assert m["staleness/max"] == 1 and m["staleness/mean"] == pytest.approx(m["drift/tokens"] / g.sum())
+
+
+def _varied_batch(n=6):
+  rng = np.random.default_rng(5)
+  eps = []
+  for e in range(n):
+    k = int(rng.integers(14, 34))
+    gen = np.zeros(k, bool)
+    gen[5:9] = gen[11:k - 1] = True
+    turns = np.where(np.arange(k) < 10, 0, 1)
+    eps.append([Sample(rng.integers(0, 5000, k), gen, np.where(gen, -1.0, 0).astype(np.float32), turns, e)])
+  return assemble_batch(eps, rewards=list(rng.normal(size=n)), pad_multiple=16)
+
+
+def test_packed_accumulated_step_equals_the_unpacked_step(trainer):
+  """The same joint PPO step with one sample per row in one pass, and packed into rows of at most 48 tokens
+  (2 shards, at most 2 samples a row, dynamic balancing) over several passes with float32 gradient
+  accumulation: equal losses, metrics and gradient norms, for the actor and the critic; the SFT loss too."""
+  from rsi_jax.config import with_overrides
+  tr, a0, c0 = _fresh(trainer)
+  batch = _varied_batch()
+  runs = {}
+  for name, over in (("unpacked", {"rl": {"per_device_token_budget": 0, "pad_multiple": 16},
+                                   "pipeline": {"micro_batch": 0}}),
+                     ("packed", {"rl": {"per_device_token_budget": 48, "pad_multiple": 16,
+                                        "dynamic_balancing": True}, "pipeline": {"micro_batch": 2}})):
+    one = RPRTrainer(with_overrides(tr.cfg, over), tr.actor, tr.critic)
+    state = one.start_actor(one.init_state(jax.tree.map(jnp.copy, a0), jax.tree.map(jnp.copy, c0), False))
+    runs[name] = one.step(state, batch, train_actor=True)[1]
+  u, p = runs["unpacked"], runs["packed"]
+  assert u["packing/passes"] == 1 and p["packing/passes"] >= 2 and p["packing/row_length"] == 48
+  assert p["packing/efficiency"] > u["packing/efficiency"]
+  for k in ("loss", "policy/loss", "value/loss", "value/value_mse", "policy/num_samples", "policy/num_tokens",
+            "policy/ratio_mean", "actor_grad_norm", "critic_grad_norm", "advantage_mean",
+            "value/explained_variance"):
+    assert p[k] == pytest.approx(u[k], rel=2e-4, abs=1e-6), k
+  assert u["policy/num_samples"] == 6
+
+  # RSR's SFT loss through TrainStep.accumulate
+  from rsi_jax.models.optim import init_train_state, make_optimizer, make_train_step, masked_nll_loss
+  from rsi_jax.pipeline.rpr import learner_passes, packed_inputs
+  from rsi_jax.rl.metrics import combine_pass_metrics
+  from rsi_jax.rl.packing import pass_index
+  opt = make_optimizer(tr.cfg.actor_optim)
+  step = make_train_step(tr.actor, opt, masked_nll_loss(tr.actor))
+  out = {}
+  for name, budget in (("unpacked", 0), ("packed", 48)):
+    cfg = with_overrides(tr.cfg, {"rl": {"per_device_token_budget": budget, "pad_multiple": 16}})
+    plan = learner_passes(cfg, tr.actor.mesh, batch.segment_ids.sum(1), range(6))
+    index = pass_index(plan, batch.tokens.shape[1])
+    passes = []
+    for i in range(plan.passes):
+      d = packed_inputs(plan, index, i, {"tokens": batch.tokens, "gen_mask": batch.gen_mask}, tr.actor.mesh)
+      d["mask"] = d.pop("gen_mask")
+      passes.append(dict(d, num_samples=np.float32(6)))
+    state = init_train_state(tr.actor, opt, jax.tree.map(jnp.copy, a0))
+    _, loss, aux = step.accumulate(state, passes, combine=combine_pass_metrics)
+    out[name] = (plan.passes, float(loss), float(aux["nll_per_token"]), float(aux["actor_grad_norm"]))
+  assert out["unpacked"][0] == 1 and out["packed"][0] >= 2
+  np.testing.assert_allclose(out["packed"][1:], out["unpacked"][1:], rtol=2e-4)

@@ -172,17 +172,3 @@ def test_projection_keeps_sampled_ids_and_masks_exactly(pool, tasks, tokenizer, 
   assert public[0] == plain.initial_prompt(task)
 
 
-@pytest.mark.parametrize("n, batch, epochs", [(8, 16, 2), (3, 16, 4), (10, 4, 3), (5, 5, 1)])
-def test_sft_rows_hold_every_batch_grain_makes(n, batch, epochs):
-  """The compiled row count of an RSR phase holds every batch of Q_clean's sampler, also when Q_clean is
-  smaller than the batch and a batch spans passes (an item twice in one batch)."""
-  import random
-
-  from rsi_jax.pipeline.phases import sft_batch_rows
-  from rsi_jax.rsr.funnel import QClean
-  segs = [random.Random(i).randint(1, 3) for i in range(n)]
-  rows = sft_batch_rows(segs, batch, epochs)
-  for seed in range(5):
-    for idx in QClean([{}] * n).batches(seed, epochs, batch):
-      assert sum(segs[int(i)] for i in idx) <= rows
-  assert rows <= max(segs) * batch
