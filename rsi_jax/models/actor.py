@@ -60,7 +60,7 @@ def maxtext_kwargs(cfg: Config, mesh: Mesh | None = None) -> dict:
     ici = {"ici_data_parallelism": ici_r["ici_data_parallelism"],
            "ici_fsdp_parallelism": ici_r["ici_fsdp_parallelism"],
            "ici_tensor_parallelism": ici_r["ici_tensor_parallelism"],
-           "ici_context_parallelism": ici_r["ici_sequence_parallelism"]}
+           "ici_context_parallelism": ici_r["ici_context_parallelism"]}
   # MaxText's mesh knobs as a whole (the mesh itself is ours, built by build_mesh): DCN folded into ICI
   # sizes so MaxText's own checks see the full device count on one "slice".
   kw.update(ici)
@@ -73,6 +73,9 @@ def maxtext_kwargs(cfg: Config, mesh: Mesh | None = None) -> dict:
       "log_config": False,
       "jax_cache_dir": "",  # no global persistent-cache side effect
       "tokenizer_type": "huggingface",
+      # context parallelism (mesh.ici_context_parallelism) on batches in natural token order: MaxText's
+      # load-balanced path assumes its input pipeline permuted the sequence, which ours does not
+      "context_parallel_load_balance": False,
       "base_output_directory": os.path.join(cfg.run.output_dir, "maxtext"),
   })
   kw.update({k: _thaw(v) for k, v in m.maxtext_overrides.items()})
