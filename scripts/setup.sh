@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv with a Python >= 3.12 and install exactly requirements.lock plus this package (editable).
+# Create .venv with a Python >= 3.12 and install exactly requirements.lock plus this package (editable), and
+# requirements-tpu.lock into .venv/libtpu (kept off the import path: see rsi_jax/pipeline/compile_plan.py).
 # Idempotent: skips the install when the lock and pyproject have not changed since the last one.
 # Usage: source-free; prints the venv's python path on its last line.
 set -euo pipefail
@@ -23,7 +24,7 @@ find_python() {
 
 venv="$root/.venv"
 stamp="$venv/.rsi_jax-install-stamp"
-want=$(cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+want=$(cat requirements.lock requirements-tpu.lock pyproject.toml | sha256sum | cut -c1-16)
 if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "[setup] .venv is up to date ($want)" >&2
   echo "$venv/bin/python"; exit 0
@@ -38,6 +39,9 @@ fi
 echo "[setup] installing requirements.lock (pinned) ..." >&2
 "$venv/bin/python" -m pip install -q -r requirements.lock >&2
 "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >&2
+echo "[setup] installing requirements-tpu.lock into .venv/libtpu (the compile plan's TPU compiler) ..." >&2
+rm -rf "$venv/libtpu"
+"$venv/bin/python" -m pip install -q --no-deps --target "$venv/libtpu" -r requirements-tpu.lock >&2
 echo "$want" > "$stamp"
 echo "[setup] done" >&2
 echo "$venv/bin/python"
