@@ -204,3 +204,20 @@ def test_file_errors(tmp_path):
   typo.write_text(f"base_config: {CONFIG_DIR / 'base.yml'}\nrollout:\n  global_bach: 8\n")
   with pytest.raises(ConfigError, match=r"rollout\.global_bach: unknown config key"):
     load_config(typo)
+
+
+@pytest.mark.parametrize("path", sorted((CONFIG_DIR / "pod").glob("*.yml")), ids=lambda p: p.stem)
+def test_pod_configs_load_and_their_mesh_fills_the_named_slice(path):
+  """Each run file of configs/pod/ is a valid config whose mesh uses every chip of the TPU slice its compile
+  plan command names (the README's table comes from those commands)."""
+  import math
+  import re
+  cfg = load_config(path)
+  topo = re.search(r"--topology=(\w+):([\dx]+)", path.read_text())
+  assert topo, f"{path.name} names no --topology"
+  chips = math.prod(int(x) for x in topo.group(2).split("x"))
+  m = cfg.mesh
+  used = (m.ici_data_parallelism * m.ici_fsdp_parallelism * m.ici_tensor_parallelism * m.ici_context_parallelism
+          * m.dcn_data_parallelism * m.dcn_fsdp_parallelism)
+  assert used == chips
+  assert cfg.rollout.global_batch % (m.ici_data_parallelism * m.ici_fsdp_parallelism) == 0

@@ -3,10 +3,11 @@
     python -m rsi_jax.pipeline.compile_plan --config=FILE [--topology=v5p:2x2x2] [--hbm-gib=G] [--json]
         [key=value ...]
 
-Builds shape-only (abstract) actor, critic and optimizer states and a learner pass at the configured token
-budget (``rl.per_device_token_budget`` tokens per device, or without packing one row per sample of the
-global batch at ``sampler.max_cache_length``), on the config's mesh over the target devices, then lowers and
-compiles, without allocating a weight, the programs a run executes:
+Builds shape-only (abstract) actor, critic and optimizer states and the largest learner pass a step can run
+(a row per data shard of ``rl.per_device_token_budget`` x context tokens, or of ``sampler.max_cache_length``
+when that is longer: a sample longer than the budget has a row of its own; without packing, every sample of
+the global batch at that length), on the config's mesh over the target devices, then lowers and compiles,
+without allocating a weight, the programs a run executes:
 
 * ``critic_only_step``: a critic-only update (the first steps of an RPR phase);
 * ``joint_ppo_step``: the joint PPO + value update, one pass (fused with the optimizer update);
@@ -128,17 +129,19 @@ def target_devices(topology: str | None):
     raise PlanError(f"topology {topology!r}: {e}") from None
 
 
-def pass_shape(cfg, shards: int) -> tuple[int, int]:
-  """(rows, T) of one learner pass at the configured budget (the largest pass a step can run)."""
-  rl = cfg.rl
+def pass_shape(cfg, mesh) -> tuple[int, int]:
+  """(rows, T) of the largest learner pass a step can run: packed rows of the row budget, or a row of its
+  own for a sample as long as ``sampler.max_cache_length`` (prompt + generation), whichever is longer;
+  without packing, every shard's share of the global batch at that length."""
+  from rsi_jax.models.mesh import batch_shards
+  from rsi_jax.pipeline.rpr import row_budget
+  rl, shards = cfg.rl, batch_shards(mesh)
+  longest = -(-cfg.sampler.max_cache_length // rl.pad_multiple) * rl.pad_multiple
   if rl.per_device_token_budget:
-    rows_per_shard = 1
-    t = rl.per_device_token_budget
-  else:
-    per_shard = -(-cfg.rollout.global_batch // shards)
-    rows_per_shard = cfg.pipeline.micro_batch or 1 << max(per_shard - 1, 0).bit_length()
-    t = -(-cfg.sampler.max_cache_length // rl.pad_multiple) * rl.pad_multiple
-  return shards * rows_per_shard, t
+    return shards, max(row_budget(cfg, mesh), longest)
+  per_shard = -(-cfg.rollout.global_batch // shards)
+  rows_per_shard = cfg.pipeline.micro_batch or 1 << max(per_shard - 1, 0).bit_length()
+  return shards * rows_per_shard, longest
 
 
 PROGRAMS = ("critic_only_step", "joint_ppo_step", "joint_ppo_pass", "sft_step", "prepare_forward")
@@ -150,7 +153,7 @@ def build_plan(cfg, devices, programs=PROGRAMS) -> tuple[list[Program], dict]:
   from jax.sharding import NamedSharding, PartitionSpec
 
   from rsi_jax.models import Actor, Critic
-  from rsi_jax.models.mesh import batch_sharding, batch_shards, build_mesh
+  from rsi_jax.models.mesh import batch_sharding, build_mesh
   from rsi_jax.models.optim import TrainState, make_optimizer, make_train_step, masked_nll_loss, opt_state_shardings
   from rsi_jax.pipeline.rpr import RPRTrainer
 
@@ -158,7 +161,7 @@ def build_plan(cfg, devices, programs=PROGRAMS) -> tuple[list[Program], dict]:
   actor, critic = Actor(cfg, mesh), Critic(cfg, mesh)
   trainer = RPRTrainer(cfg, actor, critic)
   rep = NamedSharding(mesh, PartitionSpec())
-  rows, t = pass_shape(cfg, batch_shards(mesh))
+  rows, t = pass_shape(cfg, mesh)
 
   def sds(shape, dtype, sharding):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)

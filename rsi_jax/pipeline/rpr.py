@@ -71,11 +71,16 @@ def to_device_batch(batch: TrajectoryBatch) -> dict:
 
 def learner_passes(cfg: Config, mesh, lengths, samples, pad_multiple: int | None = None):
   """The :class:`~rsi_jax.rl.packing.PassPlan` of ``samples`` for the learner under ``cfg``: the mesh's
-  batch shards, ``rl.per_device_token_budget``, ``pipeline.micro_batch``, ``rl.pad_multiple``,
-  ``rl.dynamic_balancing``."""
-  return plan_passes(lengths, samples=samples, shards=batch_shards(mesh), token_budget=cfg.rl.per_device_token_budget,
+  batch shards, ``pipeline.micro_batch``, ``rl.pad_multiple``, ``rl.dynamic_balancing`` and rows of
+  ``rl.per_device_token_budget`` x the context axis tokens (a row is split over the context devices)."""
+  return plan_passes(lengths, samples=samples, shards=batch_shards(mesh), token_budget=row_budget(cfg, mesh),
                      micro_batch=cfg.pipeline.micro_batch, balance=cfg.rl.dynamic_balancing,
                      pad_multiple=cfg.rl.pad_multiple if pad_multiple is None else pad_multiple)
+
+
+def row_budget(cfg: Config, mesh) -> int:
+  """Most tokens in one packed row: ``rl.per_device_token_budget`` on each of the row's context devices."""
+  return cfg.rl.per_device_token_budget * int(mesh.shape.get("context", 1))
 
 
 def packed_inputs(plan: PassPlan, index: PassIndex, p: int, sample_arrays: dict, mesh) -> dict:

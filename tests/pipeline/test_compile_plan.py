@@ -36,7 +36,7 @@ def test_tiny_config_fits_a_v5e_slice_and_reports_its_memory():
   assert r.returncode == 0, r.stderr[-3000:]
   out = json.loads(r.stdout.strip().splitlines()[-1])
   assert out["devices"] == 4 and out["device_kind"] == "TPU v5 lite" and out["hbm_bytes"] == 16 * GIB
-  assert out["mesh"] == {"fsdp": 2, "tensor": 2} and out["pass_tokens"] == 4096 and out["pass_rows"] == 2
+  assert out["mesh"] == {"fsdp": 2, "tensor": 2} and out["pass_tokens"] == 8192 and out["pass_rows"] == 2
   progs = {p["name"]: p for p in out["programs"]}
   assert set(progs) == {"critic_only_step", "joint_ppo_step", "joint_ppo_pass", "sft_step", "prepare_forward"}
   assert out["fits"] and all(p["fits"] and 0 < p["total"] < 16 * GIB for p in progs.values())
