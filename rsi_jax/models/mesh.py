@@ -80,11 +80,16 @@ def build_mesh(cfg: Config, devices=None, batch_size: int | None = None) -> Mesh
       raise ConfigError(f"mesh.{key}: batch {batch_size} is not divisible by the batch shards "
                         f"(data x fsdp = {shards})")
   n_dcn = math.prod(dcn_shape)
-  if n_dcn == 1:
-    arr = mesh_utils.create_device_mesh(ici_shape, devices, contiguous_submeshes=False) \
-        if len(devices) > 1 else np.array(devices).reshape(ici_shape)
-  else:
-    arr = _hybrid(ici_shape, dcn_shape, devices)
+  try:
+    if n_dcn == 1:
+      # a logical axis may split a physical one (tensor 2 on a 4x8x4 torus)
+      arr = mesh_utils.create_device_mesh(ici_shape, devices, contiguous_submeshes=False,
+                                          allow_split_physical_axes=True) \
+          if len(devices) > 1 else np.array(devices).reshape(ici_shape)
+    else:
+      arr = _hybrid(ici_shape, dcn_shape, devices)
+  except (NotImplementedError, ValueError) as e:
+    raise ConfigError(f"mesh: these ICI sizes do not map onto the devices' physical layout: {e}") from None
   return Mesh(arr, MESH_AXES)
 
 
