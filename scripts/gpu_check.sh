@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # GPU checks for a lent NVIDIA GPU machine (one short prepared run):
-#   1. actor train step (forward+backward+AdamW) throughput and MFU for a real Qwen3 size at sequence 8,192,
-#      side by side with MaxText's own pre-training step (benchmarks/bench_actor.py);
+#   1. actor train step (forward+backward+AdamW) and RPR's joint PPO + value step: throughput and MFU for
+#      qwen3-1.7b at sequence 8,192, side by side with MaxText's own pre-training step (bench_actor.py --ppo);
 #   2. sampler decode tokens/s at batch 64 (paged, slot-cache and MaxText decode) with the share of the HBM
 #      roofline (HBM_GBPS, H200: 4800), the continuous-batching comparison and the multi-turn prefix-reuse
 #      workload (benchmarks/bench_sampler.py).
 #
 # That machine has its own python3 with JAX + CUDA but no maxtext; the wheels maxtext needs travel in .whl/
 # (made with `pip download --no-deps` for cp312 manylinux; see scripts/gpu_wheels.sh). Results go to $OUT.
-# Knobs: MODEL (qwen3-0.6b), SEQ (8192), BATCH (4), ATTN (cudnn_flash_jax), DECODE_BATCH (64), STEPS (5).
+# Knobs: ACTOR_MODEL (qwen3-1.7b), MODEL (sampler: qwen3-0.6b), SEQ (8192), BATCH (4), ATTN (cudnn_flash_jax),
+# DECODE_BATCH (64), STEPS (5).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/gpu_check_out}; mkdir -p "$OUT"
-MODEL=${MODEL:-qwen3-0.6b}; SEQ=${SEQ:-8192}; BATCH=${BATCH:-4}; ATTN=${ATTN:-cudnn_flash_jax}
+MODEL=${MODEL:-qwen3-0.6b}; ACTOR_MODEL=${ACTOR_MODEL:-qwen3-1.7b}; SEQ=${SEQ:-8192}; BATCH=${BATCH:-4}; ATTN=${ATTN:-cudnn_flash_jax}
 DECODE_BATCH=${DECODE_BATCH:-64}; STEPS=${STEPS:-5}; PY=${PY:-python3}
 site=${SITE:-/tmp/site}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -29,9 +30,9 @@ export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 XLA_PYTHON_CL
   $PY -c "import jax, flax, maxtext; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"; } \
   2>&1 | tee "$OUT/env.txt"
 
-echo "== actor train step: $MODEL batch $BATCH x seq $SEQ, attention $ATTN" | tee "$OUT/bench_actor.txt"
-timeout ${ACTOR_TIMEOUT:-300} $PY benchmarks/bench_actor.py --steps "$STEPS" --batch "$BATCH" --seq "$SEQ" \
-  model_name="$MODEL" model.attention="$ATTN" model.remat_policy=${REMAT:-full} 2>&1 | tee -a "$OUT/bench_actor.txt" \
+echo "== actor train step + joint PPO step: $ACTOR_MODEL batch $BATCH x seq $SEQ, attention $ATTN" | tee "$OUT/bench_actor.txt"
+timeout ${ACTOR_TIMEOUT:-300} $PY benchmarks/bench_actor.py --ppo --steps "$STEPS" --batch "$BATCH" --seq "$SEQ" \
+  model_name="$ACTOR_MODEL" model.attention="$ATTN" model.remat_policy=${REMAT:-full} 2>&1 | tee -a "$OUT/bench_actor.txt" \
   | grep -vE "^(W|I)[0-9]{4}" | tail -n 30
 echo "== sampler: $MODEL, decode batch $DECODE_BATCH" | tee "$OUT/bench_sampler.txt"
 timeout ${SAMPLER_TIMEOUT:-420} $PY benchmarks/bench_sampler.py --model "$MODEL" --decode-batch "$DECODE_BATCH" \
