@@ -135,13 +135,13 @@ def pass_shape(cfg, mesh) -> tuple[int, int]:
   without packing, every shard's share of the global batch at that length."""
   from rsi_jax.models.mesh import batch_shards
   from rsi_jax.pipeline.rpr import row_budget
+  from rsi_jax.rl.packing import unpacked_rows_per_shard
   rl, shards = cfg.rl, batch_shards(mesh)
   longest = -(-cfg.sampler.max_cache_length // rl.pad_multiple) * rl.pad_multiple
   if rl.per_device_token_budget:
     return shards, max(row_budget(cfg, mesh), longest)
   per_shard = -(-cfg.rollout.global_batch // shards)
-  rows_per_shard = cfg.pipeline.micro_batch or 1 << max(per_shard - 1, 0).bit_length()
-  return shards * rows_per_shard, longest
+  return shards * unpacked_rows_per_shard(per_shard, cfg.pipeline.micro_batch), longest
 
 
 PROGRAMS = ("critic_only_step", "joint_ppo_step", "joint_ppo_pass", "sft_step", "prepare_forward")
@@ -154,7 +154,7 @@ def build_plan(cfg, devices, programs=PROGRAMS) -> tuple[list[Program], dict]:
 
   from rsi_jax.models import Actor, Critic
   from rsi_jax.models.mesh import batch_sharding, build_mesh
-  from rsi_jax.models.optim import TrainState, make_optimizer, make_train_step, masked_nll_loss, opt_state_shardings
+  from rsi_jax.models.optim import TrainState, make_train_step, masked_nll_loss, opt_state_shardings
   from rsi_jax.pipeline.rpr import RPRTrainer
 
   mesh = build_mesh(cfg, devices)

@@ -31,13 +31,12 @@ from etils import epath
 
 from rsi_jax.config import Config
 from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, make_train_step, masked_nll_loss
-from rsi_jax.pipeline.rpr import learner_passes, packed_inputs
+from rsi_jax.pipeline.rpr import sft_passes
 from rsi_jax.pipeline.metrics import read_jsonl
 from rsi_jax.pipeline.rollouts import RolloutPolicy, TaskOrder, collect, derive_seed
 from rsi_jax.policy import SamplingParams
 from rsi_jax.rl.batch import Sample, assemble_batch, episode_samples, load_samples
 from rsi_jax.rl.metrics import combine_pass_metrics
-from rsi_jax.rl.packing import pass_index
 from rsi_jax.rl.outcome_table import outcome_row
 
 
@@ -234,15 +233,7 @@ class RSRPhase(Phase):
                            pad_id=self.ctx.tokenizer.pad_id)
     # packed passes (rl.per_device_token_budget), gradients accumulated into one update; the loss divides by
     # the update's trajectory segments, so it equals the unpacked one
-    trainable = np.flatnonzero(batch.gen_mask.sum(1) > 0)
-    mesh = self.ctx.mesh
-    plan = learner_passes(self.cfg, mesh, batch.segment_ids.sum(1), trainable)
-    index = pass_index(plan, batch.tokens.shape[1])
-    passes = []
-    for p in range(plan.passes):
-      data = packed_inputs(plan, index, p, {"tokens": batch.tokens, "gen_mask": batch.gen_mask}, mesh)
-      data["mask"] = data.pop("gen_mask")
-      passes.append(dict(data, num_samples=np.float32(len(trainable))))
+    plan, passes = sft_passes(self.cfg, self.ctx.mesh, batch)
     train, _, aux = self._step.accumulate(state.train, passes, combine=combine_pass_metrics)
     aux = jax.device_get(aux)
     tokens = int(batch.gen_mask.sum())

@@ -95,6 +95,21 @@ def packed_inputs(plan: PassPlan, index: PassIndex, p: int, sample_arrays: dict,
   return {k: jax.device_put(v, batch_sharding(mesh, v.ndim)) for k, v in out.items()}
 
 
+def sft_passes(cfg: Config, mesh, batch: TrajectoryBatch) -> tuple[PassPlan, list[dict]]:
+  """RSR's SFT update as packed passes for :meth:`TrainStep.accumulate` with ``masked_nll_loss``: the
+  trainable segments of ``batch``, each pass's loss divided by the update's segment count (so the passes sum
+  to the unpacked loss)."""
+  trainable = np.flatnonzero(batch.gen_mask.sum(1) > 0)
+  plan = learner_passes(cfg, mesh, batch.segment_ids.sum(1), trainable)
+  index = pass_index(plan, batch.tokens.shape[1])
+  passes = []
+  for p in range(plan.passes):
+    data = packed_inputs(plan, index, p, {"tokens": batch.tokens, "gen_mask": batch.gen_mask}, mesh)
+    data["mask"] = data.pop("gen_mask")
+    passes.append(dict(data, num_samples=np.float32(len(trainable))))
+  return plan, passes
+
+
 def chain_links(batch: TrajectoryBatch) -> int:
   """Longest chain of continued segments minus one (static: the number of carry passes to compile)."""
   depth = 0

@@ -103,8 +103,7 @@ def plan_passes(lengths: Sequence[int], *, shards: int, token_budget: int = 0, m
   else:
     shard_rows = [[(s,) for s in ss] for ss in per_shard]
     most = max((len(r) for r in shard_rows), default=0)
-    # a pass holds rows_per_shard rows of each shard; all of them in one pass: a power of two (few shapes)
-    rows_per_shard = micro_batch if micro_batch > 0 else 1 << max(most - 1, 0).bit_length()
+    rows_per_shard = unpacked_rows_per_shard(most, micro_batch)
   n_pass = max([-(-len(r) // rows_per_shard) for r in shard_rows] + [1])
   rows = []
   for p in range(n_pass):
@@ -116,6 +115,12 @@ def plan_passes(lengths: Sequence[int], *, shards: int, token_budget: int = 0, m
   fill = max([sum(lengths[s] for s in r) for p in rows for r in p] + [1])
   t = -(-fill // pad_multiple) * pad_multiple
   return PassPlan(tuple(rows), shards, rows_per_shard, t, lengths)
+
+
+def unpacked_rows_per_shard(samples_per_shard: int, micro_batch: int) -> int:
+  """Rows each shard holds in one pass without packing: ``micro_batch``, or all of its samples in one pass,
+  rounded up to a power of two (a bounded set of compiled shapes)."""
+  return micro_batch if micro_batch > 0 else 1 << max(samples_per_shard - 1, 0).bit_length()
 
 
 def _assign(order: list[int], lengths, shards: int, balance: bool) -> list[list[int]]:

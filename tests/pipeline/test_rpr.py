@@ -206,21 +206,15 @@ def test_packed_accumulated_step_equals_the_unpacked_step(trainer):
 
   # RSR's SFT loss through TrainStep.accumulate
   from rsi_jax.models.optim import init_train_state, make_optimizer, make_train_step, masked_nll_loss
-  from rsi_jax.pipeline.rpr import learner_passes, packed_inputs
+  from rsi_jax.pipeline.rpr import sft_passes
   from rsi_jax.rl.metrics import combine_pass_metrics
-  from rsi_jax.rl.packing import pass_index
   opt = make_optimizer(tr.cfg.actor_optim)
   step = make_train_step(tr.actor, opt, masked_nll_loss(tr.actor))
   out = {}
   for name, budget in (("unpacked", 0), ("packed", 48)):
     cfg = with_overrides(tr.cfg, {"rl": {"per_device_token_budget": budget, "pad_multiple": 16}})
-    plan = learner_passes(cfg, tr.actor.mesh, batch.segment_ids.sum(1), range(6))
-    index = pass_index(plan, batch.tokens.shape[1])
-    passes = []
-    for i in range(plan.passes):
-      d = packed_inputs(plan, index, i, {"tokens": batch.tokens, "gen_mask": batch.gen_mask}, tr.actor.mesh)
-      d["mask"] = d.pop("gen_mask")
-      passes.append(dict(d, num_samples=np.float32(6)))
+    plan, passes = sft_passes(cfg, tr.actor.mesh, batch)
+    assert len(plan.samples) == 6 and float(passes[0]["num_samples"]) == 6
     state = init_train_state(tr.actor, opt, jax.tree.map(jnp.copy, a0))
     _, loss, aux = step.accumulate(state, passes, combine=combine_pass_metrics)
     out[name] = (plan.passes, float(loss), float(aux["nll_per_token"]), float(aux["actor_grad_norm"]))
