@@ -14,7 +14,12 @@ without allocating a weight, the programs a run executes:
 * ``joint_ppo_pass``: one accumulating pass of a multi-pass update (gradients out, the float32 accumulator of
   the earlier passes held alongside: counted in ``held``);
 * ``sft_step``: the RSR actor-only SFT update;
-* ``prepare_forward``: π_old / v_old of one pass.
+* ``prepare_forward``: π_old / v_old of one pass;
+* ``sampler_prefill`` / ``sampler_decode``: the rollout sampler's prompt prefill (paged: one
+  ``sampler.prefill_chunk`` chunk into the KV pool; slot / maxtext: a ``sampler.max_prefill_length`` prompt)
+  and its ``sampler.decode_steps`` decode steps for all ``sampler.num_slots`` slots, on the sampler's mesh
+  (the first ``sampler.num_devices`` devices, which it shares with the learner: the learner's weights and
+  optimizer states stay resident there during rollouts and are counted in ``held``).
 
 For each it prints XLA's per-device argument / temporary / output bytes (minus donated aliases, plus
 ``held``) against the chip's HBM, with a verdict (fits / does not fit, by how much). The loss reads the LM
@@ -144,7 +149,9 @@ def pass_shape(cfg, mesh) -> tuple[int, int]:
   return shards * unpacked_rows_per_shard(per_shard, cfg.pipeline.micro_batch), longest
 
 
-PROGRAMS = ("critic_only_step", "joint_ppo_step", "joint_ppo_pass", "sft_step", "prepare_forward")
+PROGRAMS = ("critic_only_step", "joint_ppo_step", "joint_ppo_pass", "sft_step", "prepare_forward",
+            "sampler_prefill", "sampler_decode")
+SAMPLER_PROGRAMS = ("sampler_prefill", "sampler_decode")
 
 
 def build_plan(cfg, devices, programs=PROGRAMS) -> tuple[list[Program], dict]:
@@ -191,7 +198,7 @@ def build_plan(cfg, devices, programs=PROGRAMS) -> tuple[list[Program], dict]:
       if temp is None:
         raise
       # arguments from the input shapes; outputs are the donated state (aliased) or small
-      arg_bytes = sum(_shard_bytes(a) for a in jax.tree.leaves(args))
+      arg_bytes = sum(_shard_bytes(a) for a in jax.tree.leaves(args) if hasattr(a, "shape"))
       return Program(name, arg_bytes, temp, 0, 0, held, note="the compiler's out-of-memory report: temporaries")
     return Program(name, int(ma.argument_size_in_bytes), int(ma.temp_size_in_bytes),
                    int(ma.output_size_in_bytes), int(ma.alias_size_in_bytes), held)
@@ -208,11 +215,62 @@ def build_plan(cfg, devices, programs=PROGRAMS) -> tuple[list[Program], dict]:
       "prepare_forward": (trainer._forward, (a_abs, c_abs, fwd_batch)),
   }
   held = {"joint_ppo_pass": grad_bytes(a_abs) + grad_bytes(c_abs)}
+  if any(n in programs for n in SAMPLER_PROGRAMS):
+    resident = sum(_shard_bytes(a) for a in jax.tree.leaves((a_abs, a_opt, c_abs, c_opt)))
+    sampler, extra = sampler_lowerings(cfg, devices)
+    lowerings.update(sampler)
+    held.update({n: resident + extra.get(n, 0) for n in SAMPLER_PROGRAMS})
   progs = [measure(n, *lowerings[n], held.get(n, 0)) for n in PROGRAMS if n in programs]
   info = {"mesh": {k: int(v) for k, v in mesh.shape.items() if v > 1} or {"data": 1},
           "pass_rows": rows, "pass_tokens": t, "devices": len(devices),
           "device_kind": str(getattr(devices[0], "device_kind", devices[0].platform))}
   return progs, info
+
+
+def sampler_lowerings(cfg, devices) -> tuple[dict, dict]:
+  """The sampler's prefill and decode programs with shape-only arguments on its mesh (the first
+  ``sampler.num_devices`` of ``devices``), and the bytes per device each holds beyond its arguments (slot /
+  maxtext prefill: the decode state it will be inserted into)."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from rsi_jax.config import ConfigError
+  from rsi_jax.sampler.engine import HEAD_KEY, build_engine
+  s = cfg.sampler
+  if s.num_devices > len(devices):
+    raise ConfigError(f"sampler.num_devices={s.num_devices} exceeds the {len(devices)} target devices")
+  # the lowest device ids: the TPU compiler takes a program on k devices of a larger slice only as ids 0..k-1
+  engine = build_engine(cfg, sorted(devices, key=lambda d: d.id)[:s.num_devices])
+  rep = engine._replicated
+
+  def sds(shape, dtype, sharding=rep):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+  params = jax.tree.map(lambda a, sh: sds(a.shape, a.dtype, sh), nnx.to_pure_dict(engine._abs_params),
+                        engine.param_shardings)
+  if engine._head_copy:  # CPU: the sampler keeps an (E, V) copy of a tied head
+    emb = params["token_embedder"]["embedding"]
+    params[HEAD_KEY] = sds(emb.shape[::-1], emb.dtype)
+  shapes = jax.eval_shape(engine.init_decode_state)
+  state = jax.tree.map(lambda a, sh: sds(a.shape, a.dtype, sh), shapes, engine._state_shardings)
+  key_t = jax.random.key(0).dtype
+  i32, f32 = jnp.int32, jnp.float32
+  steps = int(s.decode_steps)
+  if s.decode_impl == "paged":
+    width = engine.table_width
+    prefill = (engine._chunk_jit, (params, state, sds((engine.chunk_size,), i32), sds((), i32), sds((), i32),
+                                   sds((width,), i32), sds((), i32), sds((), key_t), sds((), f32), sds((), i32),
+                                   sds((), f32), sds((), jnp.bool_)))
+    decode = (engine._paged_steps_jit, (params, state, sds((engine.num_slots, width), i32), steps))
+    extra = {}
+  else:
+    one = lambda dt: sds((1,), dt)
+    prefill = (engine._prefill_jit, (params, sds((1, engine.max_prefill_length), i32), sds((), i32), one(key_t),
+                                     one(f32), one(i32), one(f32)))
+    decode = (engine._generate_steps_jit, (params, state, steps))
+    extra = {"sampler_prefill": sum(_shard_bytes(a) for a in jax.tree.leaves(state))}
+  return {"sampler_prefill": prefill, "sampler_decode": decode}, extra
 
 
 def report(progs: list[Program], info: dict, hbm: int | None, label: str) -> tuple[str, dict]:

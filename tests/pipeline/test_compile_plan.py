@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from rsi_jax.config import CONFIG_DIR, REPO_ROOT
@@ -23,8 +24,6 @@ def _plan(*args):
 
 
 def _param_count(cfg):
-  import jax
-
   from rsi_jax.models import Actor
   from rsi_jax.models.mesh import build_mesh
   mesh = build_mesh(cfg, jax.devices()[:1])
@@ -38,7 +37,8 @@ def test_tiny_config_fits_a_v5e_slice_and_reports_its_memory():
   assert out["devices"] == 4 and out["device_kind"] == "TPU v5 lite" and out["hbm_bytes"] == 16 * GIB
   assert out["mesh"] == {"fsdp": 2, "tensor": 2} and out["pass_tokens"] == 8192 and out["pass_rows"] == 2
   progs = {p["name"]: p for p in out["programs"]}
-  assert set(progs) == {"critic_only_step", "joint_ppo_step", "joint_ppo_pass", "sft_step", "prepare_forward"}
+  assert set(progs) == {"critic_only_step", "joint_ppo_step", "joint_ppo_pass", "sft_step", "prepare_forward",
+                        "sampler_prefill", "sampler_decode"}
   assert out["fits"] and all(p["fits"] and 0 < p["total"] < 16 * GIB for p in progs.values())
   # the joint step's arguments hold actor + critic params and two AdamW moments each (float32), sharded over
   # at most the 4 chips and at least replicated nowhere beyond one full copy, plus the batch
@@ -53,6 +53,18 @@ def test_tiny_config_fits_a_v5e_slice_and_reports_its_memory():
   assert progs["sft_step"]["argument"] < 0.6 * joint["argument"]
   # the accumulating pass holds the float32 gradient accumulator: one copy of both roles' params, sharded
   assert state / 3 / 4 <= progs["joint_ppo_pass"]["held"] <= state / 3
+  # the sampler (sampler.num_devices = 1 chip) holds a whole copy of the actor's weights and the KV pool,
+  # which its steps update in place, while the learner's state stays resident on the same chip
+  from rsi_jax.sampler.engine import build_engine
+  engine = build_engine(load_config(CONFIG_DIR / "smoke.yml"))
+  weights = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(engine._abs_params))
+  pool = engine.kv_bytes
+  small = 1 << 20  # tokens, positions, keys, block tables
+  for name in ("sampler_prefill", "sampler_decode"):
+    p = progs[name]
+    assert weights + pool <= p["argument"] <= weights + pool + small, name
+    assert pool <= p["alias"] <= pool + small, name
+    assert joint["argument"] - (64 << 20) <= p["held"] <= joint["argument"], name
 
 
 def test_oversized_config_does_not_fit_with_numbers():
