@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rsi_jax.models.actor import target_index
 from rsi_jax.models.mesh import batch_shards, batch_sharding
 from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, make_train_step
+from rsi_jax.pipeline.multihost import global_array
 from rsi_jax.rl.advantages import TBGAECarry, TBGAEResult, tb_gae
 from rsi_jax.rl.batch import TrajectoryBatch
 from rsi_jax.rl.losses import ppo_policy_loss, value_loss
@@ -64,9 +65,13 @@ def linked_tb_gae(values, batch: dict, gamma_turn: float, lambda_turn: float, li
   return res
 
 
-def to_device_batch(batch: TrajectoryBatch) -> dict:
-  """The sample-layout arrays TB-GAE reads (:func:`linked_tb_gae`), on the device."""
-  return {k: jnp.asarray(getattr(batch, k)) for k in _SAMPLE_FIELDS}
+def to_device_batch(batch: TrajectoryBatch, mesh=None) -> dict:
+  """The sample-layout arrays TB-GAE reads (:func:`linked_tb_gae`), on the device (``mesh``: replicated over
+  it, every process placing its own devices' copies)."""
+  if mesh is None:
+    return {k: jnp.asarray(getattr(batch, k)) for k in _SAMPLE_FIELDS}
+  rep = NamedSharding(mesh, PartitionSpec())
+  return {k: global_array(getattr(batch, k), rep) for k in _SAMPLE_FIELDS}
 
 
 def learner_passes(cfg: Config, mesh, lengths, samples, pad_multiple: int | None = None):
@@ -92,7 +97,7 @@ def packed_inputs(plan: PassPlan, index: PassIndex, p: int, sample_arrays: dict,
   out.update(positions=index.positions[p], segment_ids=index.segment_ids[p])
   if "gen_mask" in out:
     out["loss_index"] = target_index(out["gen_mask"])
-  return {k: jax.device_put(v, batch_sharding(mesh, v.ndim)) for k, v in out.items()}
+  return {k: global_array(v, batch_sharding(mesh, v.ndim)) for k, v in out.items()}
 
 
 def sft_passes(cfg: Config, mesh, batch: TrajectoryBatch) -> tuple[PassPlan, list[dict]]:
@@ -212,8 +217,8 @@ class RPRTrainer:
                                         mesh))
             for p in range(plan.passes)]
     logp, values = jnp.stack([o[0] for o in outs]), jnp.stack([o[1] for o in outs])
-    out = jax.device_get(self._targets(logp, values, jnp.asarray(index.scatter), to_device_batch(batch),
-                                       chain_links(batch)))
+    scatter = global_array(index.scatter, NamedSharding(mesh, PartitionSpec()))
+    out = jax.device_get(self._targets(logp, values, scatter, to_device_batch(batch, mesh), chain_links(batch)))
     return {**out, "trainable": trainable, **plan.stats()}
 
   def step(self, state: TrainState, batch: TrajectoryBatch, train_actor: bool, version: int | None = None):

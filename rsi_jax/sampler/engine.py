@@ -46,12 +46,13 @@ from rsi_jax.config import Config
 from rsi_jax.sampler.sampling import sample_tokens, token_key
 
 def sampler_mesh(num_devices: int = 1, devices=None) -> jax.sharding.Mesh:
-  """A mesh over ``devices`` (default: the first ``num_devices``) with every device on MaxText's tensor axis.
+  """A mesh over ``devices`` (default: the first ``num_devices`` of this process's) with every device on
+  MaxText's tensor axis.
 
   MaxText replicates the decode cache over its batch axes, so tensor parallelism is the useful split here.
   """
   from rsi_jax.models.mesh import MESH_AXES
-  devices = list(devices) if devices is not None else jax.devices()[:num_devices]
+  devices = list(devices) if devices is not None else jax.local_devices()[:num_devices]
   shape = [len(devices) if a == "tensor" else 1 for a in MESH_AXES]
   return jax.sharding.Mesh(np.array(devices).reshape(shape), MESH_AXES)
 
@@ -234,7 +235,9 @@ class Engine:
       params = nnx.to_pure_dict(params)
     params = model_params(params)
     # Always a copy: the learner may donate its buffers to the next update while the sampler keeps these.
-    params = jax.device_put(params, self.param_shardings, may_alias=False)
+    # Learner weights sharded across processes are gathered onto this process's devices first.
+    from rsi_jax.pipeline.multihost import to_local
+    params = to_local(params, self.param_shardings)
     if self._head_copy:
       params[HEAD_KEY] = self._transpose_jit(params["token_embedder"]["embedding"])
     return params

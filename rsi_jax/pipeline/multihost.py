@@ -1,0 +1,103 @@
+"""Multi-host runs: one JAX process per host, every process running the same program (multi-controller).
+
+How a run splits across processes (``jax.process_count()`` of them, one per TPU VM host or GPU node):
+
+* **Rollouts are process-local.** Each process runs its share of a step's episode requests
+  (:func:`process_share`: a contiguous block of the request indices) in its own Docker environments, against
+  a sampler on its own local devices (``sampler.num_devices`` of ``jax.local_devices()``).
+* **The learner batch is global.** The finished episodes are exchanged host to host (:func:`gather_objects`,
+  a few MB of token ids and records per step), so every process holds the same trajectory batch in process
+  order and computes the same packing plan; each process then places only the rows that live on its own
+  devices (:func:`global_array`, ``jax.make_array_from_callback``). The update is one SPMD program over the
+  learner mesh, which spans every process.
+* **Weight sync goes from the learner mesh to each sampler** (:func:`to_local`): a parameter sharded across
+  processes is gathered leaf by leaf into a replica on each process's devices (one leaf at a time, so the
+  peak is one whole leaf), then copied onto the sampler's local mesh.
+
+In a single process every function here is the identity of its multi-process meaning (a share of all
+requests, a gather of one list, ``device_put``), so the same code path runs on a laptop and on a pod.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+
+def initialize(coordinator: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None) -> bool:
+  """``jax.distributed.initialize`` when this is one process of several; returns whether it ran.
+
+  On a Cloud TPU slice or under SLURM / Open MPI JAX finds the coordinator itself (``--distributed`` on
+  ``rsi_jax.train``); elsewhere pass the coordinator address ``host:port``, the process count and this
+  process's id (or set ``RSI_COORDINATOR``, ``RSI_NUM_PROCESSES``, ``RSI_PROCESS_ID``). CPU processes
+  exchange collectives over gloo."""
+  coordinator = coordinator or os.environ.get("RSI_COORDINATOR")
+  if num_processes is None and os.environ.get("RSI_NUM_PROCESSES"):
+    num_processes = int(os.environ["RSI_NUM_PROCESSES"])
+  if process_id is None and os.environ.get("RSI_PROCESS_ID"):
+    process_id = int(os.environ["RSI_PROCESS_ID"])
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices only; TPU/GPU use their own
+  jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+  return jax.process_count() > 1
+
+
+def process_share(n: int, index: int | None = None, count: int | None = None) -> range:
+  """The indices of ``range(n)`` process ``index`` of ``count`` takes: a contiguous block, the first
+  ``n % count`` processes one more, so the blocks in process order are ``range(n)`` in order."""
+  index = jax.process_index() if index is None else index
+  count = jax.process_count() if count is None else count
+  base, extra = divmod(n, count)
+  start = index * base + min(index, extra)
+  return range(start, start + base + (index < extra))
+
+
+def gather_objects(items: Sequence) -> list:
+  """Every process's ``items`` (picklable), concatenated in process order, on every process."""
+  if jax.process_count() == 1:
+    return list(items)
+  from jax.experimental import multihost_utils
+  blob = np.frombuffer(pickle.dumps(list(items), protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int64))).reshape(-1)
+  padded = np.zeros(int(sizes.max()), np.uint8)
+  padded[:blob.size] = blob
+  blobs = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+  out = []
+  for row, size in zip(blobs, sizes):
+    out.extend(pickle.loads(row[:int(size)].tobytes()))
+  return out
+
+
+def global_array(host: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+  """A global array from a host array every process holds whole: each process places the shards of its own
+  devices (``device_put`` in a single process)."""
+  host = np.asarray(host)
+  if sharding.is_fully_addressable:
+    return jax.device_put(host, sharding)
+  return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+
+def to_local(params, shardings):
+  """``params`` (a pytree of arrays on any mesh, possibly spanning processes) copied onto ``shardings`` (a
+  matching pytree of shardings over this process's devices): the learner -> sampler weight transfer. Always a
+  copy (the learner may donate its buffers to its next update)."""
+  def one(x, sh):
+    if getattr(x, "is_fully_addressable", True):
+      return jax.device_put(x, sh, may_alias=False)
+    whole = _replicate(x)  # every process holds the whole leaf on its devices
+    return jax.device_put(whole.addressable_data(0), sh, may_alias=False)
+
+  return jax.tree.map(one, params, shardings)
+
+
+def _identity(a):
+  return a
+
+
+def _replicate(x: jax.Array) -> jax.Array:
+  return jax.jit(_identity, out_shardings=NamedSharding(x.sharding.mesh, PartitionSpec()))(x)

@@ -1,0 +1,99 @@
+"""One process of the multi-host RPR test (tests/pipeline/test_multihost.py), or its single-process reference.
+
+    python tests/pipeline/multihost_worker.py OUT_JSON            # RSI_COORDINATOR etc. set: one of several
+
+Each process runs its share of 8 episode requests against a sampler on its own first local device (the
+learner's weights synced to it), the episodes are gathered into one global batch, one joint RPR step runs
+on the learner mesh over every process's devices (fsdp 4 x tensor 2), and the new weights are synced back to
+each sampler. Writes what the test compares: the episodes it generated, the global batch, the step's
+metrics and checksums of the learner's and the sampler's weights.
+"""
+
+import hashlib
+import json
+import os
+import sys
+
+from rsi_jax.pipeline import multihost
+
+if os.environ.get("RSI_COORDINATOR"):
+  multihost.initialize()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from rsi_jax.config import CONFIG_DIR, load_config  # noqa: E402
+from rsi_jax.models import Actor, Critic, build_mesh  # noqa: E402
+from rsi_jax.pipeline.rpr import RPRTrainer  # noqa: E402
+from rsi_jax.policy import SamplingParams  # noqa: E402
+from rsi_jax.rl.batch import Sample, assemble_batch  # noqa: E402
+from rsi_jax.sampler.engine import build_engine, model_params  # noqa: E402
+from rsi_jax.sampler.server import SamplerServer  # noqa: E402
+
+REQUESTS = 8
+
+
+def checksum(tree) -> float:
+  """Sum of every parameter (float64 on the host; a jitted sum for arrays spanning processes)."""
+  total = 0.0
+  for x in jax.tree.leaves(tree):
+    s = jax.jit(lambda a: jnp.sum(a.astype(jnp.float32)))(x)
+    total += float(np.asarray(s.addressable_data(0)))
+  return total
+
+
+def main(out_path: str):
+  cfg = load_config(CONFIG_DIR / "smoke.yml", [
+      "mesh.ici_fsdp_parallelism=4", "mesh.ici_tensor_parallelism=2", "rl.minibatches=1", "rl.ppo_epochs=1",
+      "rl.pad_multiple=16", "rl.per_device_token_budget=32", "sampler.num_slots=2", "sampler.max_cache_length=64",
+      "sampler.kv_blocks=4", "sampler.block_size=16", "sampler.prefill_chunk=16", "sampler.max_prefill_length=16",
+      "sampler.prefill_buckets=[16]", "rollout.max_input_tokens=32", "model.max_target_length=64"])
+  mesh = build_mesh(cfg)  # every process's devices
+  actor, critic = Actor(cfg, mesh), Critic(cfg, mesh)
+  a = actor.init(jax.random.key(0))
+  c = critic.init_from_actor(a, jax.random.key(1))
+  trainer = RPRTrainer(cfg, actor, critic)
+  state = trainer.init_state(a, c, train_actor=True)
+  before = checksum(state.actor)
+
+  # this process's share of the requests, on a sampler over its own first local device
+  engine = build_engine(cfg, jax.local_devices()[:1])
+  server = SamplerServer(engine, state.actor, eos_token_ids=(), decode_steps=2)
+  mine = list(multihost.process_share(REQUESTS))
+  local = []
+  for k in mine:
+    prompt = [100 + k, 200, 300 + 7 * k, 400, 500 + k]
+    out = server.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=6, seed=k))
+    n = len(out.token_ids)
+    ids = np.array(prompt + [int(t) for t in out.token_ids])
+    gen = np.r_[np.zeros(len(prompt), bool), np.ones(n, bool)]
+    lp = np.r_[np.zeros(len(prompt), np.float32), out.logprobs].astype(np.float32)
+    ver = np.where(gen, out.weight_version, -1).astype(np.int32)
+    local.append([Sample(ids, gen, lp, np.zeros(len(ids), int), k, ver)])
+  episodes = multihost.gather_objects(local)
+  rewards = [float(s[0].episode % 3) / 2 for s in episodes]
+  batch = assemble_batch(episodes, rewards, pad_multiple=16)
+  state, m = trainer.step(state, batch, train_actor=True, version=server.weight_version)
+
+  server.update_weights(state.actor)
+  server.wait_swapped(timeout=300)
+  sampler_sum = checksum(model_params(server._params))
+  learner_sum = checksum(state.actor)
+  server.close()
+  result = {
+      "process": jax.process_index(), "processes": jax.process_count(), "devices": jax.device_count(),
+      "local_devices": [d.id for d in jax.local_devices()], "requests": mine,
+      "local_episodes": [[int(x) for x in s[0].ids] for s in local],
+      "global_episodes": [int(s[0].episode) for s in episodes],
+      "batch_tokens": batch.tokens.tolist(),
+      "batch_sha": hashlib.sha256(batch.tokens.tobytes()).hexdigest(),
+      "loss": float(m["loss"]), "policy_loss": float(m["policy/loss"]), "value_loss": float(m["value/loss"]),
+      "updates": int(m["updates"]), "before": before, "learner_after": learner_sum, "sampler_after": sampler_sum,
+  }
+  with open(out_path, "w") as f:
+    json.dump(result, f)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])

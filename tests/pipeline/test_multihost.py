@@ -1,0 +1,69 @@
+"""Multi-host RPR (rsi_jax.pipeline.multihost): two JAX processes (gloo on loopback, 4 + 4 CPU devices) each
+run their share of the episodes on a sampler over their own local device; one RPR step trains on the global
+batch over the 8-device learner mesh and syncs the new weights to both samplers. A single process over 8
+devices runs the same step as the reference."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rsi_jax.config import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+WORKER = Path(__file__).with_name("multihost_worker.py")
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _launch(out: Path, devices: int, extra: dict) -> subprocess.Popen:
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+             PYTHONPATH=str(REPO_ROOT), **extra)
+  return subprocess.Popen([sys.executable, str(WORKER), str(out)], cwd=REPO_ROOT, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_two_process_rpr_step_matches_one_process(tmp_path):
+  port = _free_port()
+  procs = [_launch(tmp_path / f"p{i}.json", 4, {"RSI_COORDINATOR": f"127.0.0.1:{port}",
+                                                "RSI_NUM_PROCESSES": "2", "RSI_PROCESS_ID": str(i)})
+           for i in range(2)]
+  procs.append(_launch(tmp_path / "ref.json", 8, {}))
+  logs = [p.communicate(timeout=900)[0] for p in procs]
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log[-4000:]
+  p0, p1, ref = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("p0", "p1", "ref"))
+
+  # each process ran its own half of the requests on its own devices
+  assert (p0["process"], p0["processes"], p0["devices"], p1["process"]) == (0, 2, 8, 1)
+  assert len(p0["local_devices"]) == len(p1["local_devices"]) == 4
+  assert not set(p0["local_devices"]) & set(p1["local_devices"])
+  assert p0["requests"] == [0, 1, 2, 3] and p1["requests"] == [4, 5, 6, 7]
+  # the global batch holds both processes' episodes, in process order, identical on both processes
+  assert p0["global_episodes"] == p1["global_episodes"] == list(range(8))
+  assert p0["batch_sha"] == p1["batch_sha"]
+  for row, ids in zip(p0["batch_tokens"], p0["local_episodes"] + p1["local_episodes"]):
+    assert row[:len(ids)] == ids and not any(row[len(ids):])
+  # and is the batch one process over all 8 devices builds from the same requests (seeded sampling)
+  assert ref["processes"] == 1 and ref["batch_sha"] == p0["batch_sha"]
+
+  # one update ran; both processes report the same losses, equal to the single-process step's
+  assert p0["updates"] == p1["updates"] == ref["updates"] == 1
+  for k in ("loss", "policy_loss", "value_loss"):
+    assert p0[k] == p1[k]
+    assert p0[k] == pytest.approx(ref[k], rel=1e-4, abs=1e-5)
+  # the update moved the weights, and every sampler now holds the learner's new weights
+  assert p0["learner_after"] != p0["before"]
+  for p in (p0, p1):
+    assert p["sampler_after"] == pytest.approx(p["learner_after"], rel=1e-6)
+  assert p0["sampler_after"] == p1["sampler_after"]
+  assert p0["learner_after"] == pytest.approx(ref["learner_after"], rel=1e-5)
