@@ -21,26 +21,37 @@ from rsi_jax.config import dump_config, load_cli_config
 from rsi_jax.log import LibraryOutputToFile, setup_logging
 
 FLAGS = flags.DEFINE_string("config", "configs/smoke.yml", "Run config file (YAML).")
+DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "One process of a multi-host run: jax.distributed.initialize() first (a Cloud TPU "
+    "slice, SLURM or Open MPI finds its peers; elsewhere set RSI_COORDINATOR=host:port, RSI_NUM_PROCESSES, "
+    "RSI_PROCESS_ID, which imply this flag).")
 
 
 def main(argv):
-  return run_program(FLAGS.value, argv[1:])
+  return run_program(FLAGS.value, argv[1:], distributed=DISTRIBUTED.value)
 
 
-def run_program(config_path: str, overrides, after=None) -> int:
+def run_program(config_path: str, overrides, after=None, distributed: bool = False) -> int:
   """Run the configured phase plan (the training program); ``after(result, console)`` is called when it
-  finished. Returns the exit status."""
+  finished. Returns the exit status. ``distributed``: this is one process of a multi-host run
+  (:mod:`rsi_jax.pipeline.multihost`; also when ``RSI_COORDINATOR`` is set)."""
   cfg = load_cli_config(config_path, overrides)
   # heavy imports only after the config is known to be valid
+  from rsi_jax.pipeline import multihost
+  if distributed or os.environ.get("RSI_COORDINATOR"):
+    logging.set_verbosity(logging.WARNING)  # the log file is not open yet: no INFO lines on the console
+    multihost.initialize()  # before anything asks JAX for its devices
   from rsi_jax.pipeline.driver import (Console, Driver, InvariantError, Preempted, PreflightError, preflight,
                                        run_dir_of)
   from rsi_jax.pipeline.phases import NoTrainableSamples
   run_dir = run_dir_of(cfg)
+  primary = multihost.is_primary()  # the other processes log to train.<process>.log and print only failures
+  log_name = "train.log" if primary else f"train.{multihost.process_index()}.log"
   if "://" in run_dir:  # an object-store run folder: the log file stays on this machine
-    log_path = os.path.join(tempfile.gettempdir(), f"rsi_jax-{cfg.run.name}.log")
+    log_path = os.path.join(tempfile.gettempdir(), f"rsi_jax-{cfg.run.name}-{log_name}")
   else:
     os.makedirs(run_dir, exist_ok=True)
-    log_path = os.path.join(run_dir, "train.log")
+    log_path = os.path.join(run_dir, log_name)
   with LibraryOutputToFile(log_path) as out:
     setup_logging(cfg.run.log_level)
     logging.info("config %s with %d override(s)\n%s", config_path, len(overrides), dump_config(cfg))
@@ -49,7 +60,8 @@ def run_program(config_path: str, overrides, after=None) -> int:
     except PreflightError as e:
       print(f"cannot start: {e}", file=out.console_err, flush=True)
       return 2
-    console = Console(out.console_out, out.console_err, progress=cfg.run.progress)
+    console = Console(out.console_out if primary else _Quiet(out.console_err), out.console_err,
+                      progress=cfg.run.progress and primary)
     console.line(f"log: {log_path}")
     try:
       r = Driver(cfg, overrides, console=console).run()
@@ -78,6 +90,25 @@ def run_program(config_path: str, overrides, after=None) -> int:
     if after is not None:
       after(r, console)
   return 0
+
+
+class _Quiet:
+  """The console of a multi-host run's other processes: only why the run stopped or failed."""
+
+  def __init__(self, err):
+    self.err = err
+    self._on = False
+
+  def write(self, text: str):
+    if text.startswith(("run stopped", "run failed")):
+      self._on = True
+    if self._on:
+      self.err.write(text)
+    if text.endswith("\n"):
+      self._on = False
+
+  def flush(self):
+    self.err.flush()
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rsi_jax.config import (REPO_ROOT, Config, ConfigError, _deep_merge, _to_plain, dump_config,
                             load_phase_overlay, phase_kind, with_overrides)
 from rsi_jax.models.checkpoint import join, local_or_url, params_digest, resolve_checkpoint
+from rsi_jax.pipeline import multihost
 from rsi_jax.pipeline.phases import PHASES, InvariantError, PhaseState, RunContext
 
 LINEAGE = "lineage.json"
@@ -134,6 +135,9 @@ def preflight(cfg: Config, cli_overrides: Sequence[str] = (), num_devices: int |
     if c.rollout.global_batch % shards:
       raise PreflightError(f"rollout.global_batch: {c.rollout.global_batch} is not divisible by the mesh's "
                            f"batch shards (data x fsdp = {shards} on {n_dev} devices) in phase {spec.name}")
+    if c.rollout.global_batch < jax.process_count():
+      raise PreflightError(f"rollout.global_batch: {c.rollout.global_batch} episodes do not give each of the "
+                           f"{jax.process_count()} processes one (phase {spec.name})")
     if spec.kind != "rsr":
       try:
         table = divisor_table_from_config(c.reward)
@@ -223,8 +227,8 @@ def check_fresh(train, phase: str):
 
 
 class _Stop:
-  """SIGTERM -> stop after the current step (a pod preemption notice); multi-host through JAX's
-  preemption sync point, so every process stops at the same step."""
+  """SIGTERM -> stop after the current step (a pod preemption notice). Multi-host: a notice any process got
+  stops every process at the same step (the flags are exchanged after each step)."""
 
   def __init__(self):
     self.requested = False
@@ -243,13 +247,7 @@ class _Stop:
       signal.signal(signal.SIGTERM, self._old)
 
   def now(self, step: int) -> bool:
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
-      try:
-        return multihost_utils.reached_preemption_sync_point(step) or self.requested
-      except Exception:  # noqa: BLE001 - no preemption service (jax.distributed without it)
-        pass
-    return self.requested
+    return any(multihost.gather_objects([self.requested]))
 
 
 class Console:
@@ -319,12 +317,15 @@ class Driver:
 
     plan = preflight(self.cfg, self.cli)
     rd = epath.Path(self.run_dir)
+    primary = multihost.is_primary()  # the process that writes the run's records
     resumed = bool(existing_run(self.cfg))
-    rd.mkdir(parents=True, exist_ok=True)
-    self._write_config(rd, resumed)
-    self.lineage = json.loads((rd / LINEAGE).read_text()) if (rd / LINEAGE).exists() else []
+    if primary:
+      rd.mkdir(parents=True, exist_ok=True)
+      self._write_config(rd, resumed)
+    self.lineage = multihost.from_primary(
+        lambda: json.loads((rd / LINEAGE).read_text()) if (rd / LINEAGE).exists() else [])
     done = {e["phase"]: e for e in self.lineage}
-    self.metrics = MetricLogger(self.run_dir)
+    self.metrics = MetricLogger(self.run_dir, writes=primary)
     ctx = self._context()
     mem = {}  # weights of the phase this process just ran: {"entry": ..., "actor": ..., "critic": ...}
     prev = None
@@ -337,14 +338,14 @@ class Driver:
             self.console.line(f"[{spec.name}] done earlier: {prev['output']}")
             continue
           prev, mem = self._run_phase(ctx, plan, index, spec, prev, mem, stop)
-      report = self._final_report()
+      report = self._final_report() if primary else None
     finally:
       if ctx.sampler is not None:
         ctx.sampler.close()
       ctx.pool.close()
       self.metrics.close()
     plots = self.metrics.plot()
-    counts = dict(ctx.pool.counts)
+    counts = multihost.sum_counts(ctx.pool.counts)  # every process's episodes
     return {"run_dir": self.run_dir, "checkpoints": self.ckpt_root, "lineage": str(rd / LINEAGE),
             "eval_report": report,
             "metrics": str(rd / "metrics.jsonl"), "tensorboard": str(rd / "tensorboard"),
@@ -363,12 +364,11 @@ class Driver:
     """In-training evaluation (``eval.tasks_dir``): the actor through the sampler and harness code of
     ``python -m rsi_jax.eval``, into ``<run>/eval/<phase>/<step>/``, ``eval/metrics.jsonl`` and TensorBoard
     (``eval/<suite>/*``). Skipped when that folder already holds a result (a resumed run)."""
-    from rsi_jax.eval.run import evaluate_policy, suite_tasks
     cfg = self.cfg
     if not cfg.eval.tasks_dir:
       return None
     out = self._eval_dir(phase, step)
-    if (out / "summary.json").exists():
+    if multihost.from_primary((out / "summary.json").exists):
       return None
     digest = params_digest(actor_params)
     if digest in self._evaluated:  # e.g. the critic seed's frozen actor: the same weights were just measured
@@ -376,10 +376,16 @@ class Driver:
                         f"{self._evaluated[digest]} ({digest})")
       return None
     self._evaluated[digest] = f"{phase} step {step}"
+    ctx.serve(actor_params)  # on every process (the weight sync is collective)
+    # the first process runs the evaluation and writes its report; the others wait for its metrics
+    return multihost.from_primary(self._evaluate_here, ctx, phase, step, digest, out)
+
+  def _evaluate_here(self, ctx, phase: str, step: int, digest: str, out):
+    from rsi_jax.eval.run import evaluate_policy, suite_tasks
+    cfg = self.cfg
     if ctx.eval_suite is None:
       ctx.eval_suite = suite_tasks(cfg, cfg.eval.tasks_dir)
     tasks, strata = ctx.eval_suite
-    ctx.serve(actor_params)
     suite = epath.Path(cfg.eval.tasks_dir).name
     rep = evaluate_policy(cfg, ctx.pool, tasks, ctx.sampler, ctx.renderer, strata=strata,
                           info={"suite": suite, "tasks_dir": cfg.eval.tasks_dir, "phase": phase, "step": step,
@@ -429,6 +435,13 @@ class Driver:
     actor, critic = Actor(cfg, mesh), Critic(cfg, mesh)
     tok = load_tokenizer(cfg.model.tokenizer_path)
     tasks = pick_tasks(load_tasks(cfg.env.tasks_dir), cfg.env.max_tasks)
+    # multi-host: every process must run the same plan on the same task pool (request i -> the same task)
+    views = multihost.gather_objects([(config_digest(cfg), [t.name for t in tasks])])
+    if any(v != views[0] for v in views):
+      bad = [i for i, v in enumerate(views) if v != views[0]]
+      raise PreflightError(f"the processes differ in their config or task pool (env.tasks_dir): processes {bad} "
+                           f"differ from process 0 (config digests {[v[0] for v in views]}, task counts "
+                           f"{[len(v[1]) for v in views]})")
     run_id = f"{cfg.run.name}-{uuid.uuid4().hex[:6]}"
     pool = EnvPool.from_config(cfg.env, run_id, hygiene_patterns=cfg.reward.hygiene_patterns)
     for name, lines in sorted(pool.check_base_images(tasks).items()):
@@ -487,7 +500,8 @@ class Driver:
     phase.setup(state.train.actor, latest)
     n = phase.num_steps
     self.metrics.truncate(list(self.cfg.pipeline.phases), spec.name, latest)
-    for d in (self._eval_dir(spec.name).glob("*") if self._eval_dir(spec.name).exists() else []):
+    evals = self._eval_dir(spec.name)
+    for d in (evals.glob("*") if evals.exists() and multihost.is_primary() else []):
       if d.name.isdigit() and int(d.name) > latest:  # evaluations of the steps about to be redone
         d.rmtree()
     self.console.line(f"[{spec.name}] {spec.kind}: {phase.describe()}; weights: actor <- "
@@ -545,10 +559,11 @@ class Driver:
       raise InvariantError(f"{spec.name}: the critic changed across an actor-only phase (digest "
                            f"{start_digest} -> {entry['critic_digest']}): Δφ must be 0")
     self.lineage.append(entry)
-    rd = epath.Path(self.run_dir)
-    tmp = rd / (LINEAGE + ".tmp")
-    tmp.write_text(json.dumps(self.lineage, indent=1))
-    tmp.replace(rd / LINEAGE)
+    if multihost.is_primary():
+      rd = epath.Path(self.run_dir)
+      tmp = rd / (LINEAGE + ".tmp")
+      tmp.write_text(json.dumps(self.lineage, indent=1))
+      tmp.replace(rd / LINEAGE)
     self.metrics.plot()
     self.console.line(f"[{spec.name}] done in {entry['seconds']:.0f}s: {entry['output']} (actor "
                       f"{entry['actor_digest']}, critic {entry['critic_digest']})")

@@ -54,14 +54,16 @@ def causal_mean(ys: list[float], window: int = SMOOTH) -> list[float]:
 
 
 class MetricLogger:
-  """Writes metric records under ``run_dir``; ``log`` for each phase step, ``plot`` when a phase ends."""
+  """Writes metric records under ``run_dir``; ``log`` for each phase step, ``plot`` when a phase ends.
+  ``writes=False`` (the other processes of a multi-host run): records are kept in memory only."""
 
-  def __init__(self, run_dir: str, *, tensorboard: bool = True):
+  def __init__(self, run_dir: str, *, tensorboard: bool = True, writes: bool = True):
     self.dir = epath.Path(run_dir)
     self.path = self.dir / "metrics.jsonl"
+    self.writes = writes
     self.records: list[dict] = read_jsonl(self.path)
     self._tb = None
-    if tensorboard:
+    if tensorboard and writes:
       from tensorboardX import SummaryWriter
       self._tb = SummaryWriter(str(self.dir / "tensorboard"), flush_secs=10)
 
@@ -72,7 +74,8 @@ class MetricLogger:
             or (r["phase"] == phase and r["step"] <= step)]
     if len(keep) != len(self.records):
       self.records = keep
-      self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+      if self.writes:
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
 
   def log(self, phase: str, kind: str, step: int, metrics: dict) -> dict:
     rec = {"phase": phase, "kind": kind, "step": int(step), "global_step": len(self.records) + 1,
@@ -80,8 +83,9 @@ class MetricLogger:
     for k, v in metrics.items():
       rec[k] = _plain(v)
     self.records.append(rec)
-    with self.path.open("a") as f:
-      f.write(json.dumps(rec) + "\n")
+    if self.writes:
+      with self.path.open("a") as f:
+        f.write(json.dumps(rec) + "\n")
     if self._tb is not None:
       for k, v in rec.items():
         if k not in ("phase", "kind", "step", "global_step", "time") and isinstance(v, (int, float)) \
@@ -94,6 +98,8 @@ class MetricLogger:
     ``eval/<suite>/<metric>`` at the current global step."""
     rec = {"phase": phase, "step": int(step), "global_step": len(self.records), "suite": suite,
            "time": round(time.time(), 3), **{k: _plain(v) for k, v in metrics.items()}}
+    if not self.writes:
+      return rec
     path = self.dir / "eval" / "metrics.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
@@ -106,6 +112,8 @@ class MetricLogger:
 
   def plot(self) -> list[str]:
     """One PNG per metric in :data:`PLOTS` that has data: every phase's raw points and causal mean."""
+    if not self.writes:
+      return []
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -31,6 +31,7 @@ from etils import epath
 
 from rsi_jax.config import Config
 from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, make_train_step, masked_nll_loss
+from rsi_jax.pipeline import multihost
 from rsi_jax.pipeline.rpr import sft_passes
 from rsi_jax.pipeline.metrics import read_jsonl
 from rsi_jax.pipeline.rollouts import RolloutPolicy, TaskOrder, collect, derive_seed
@@ -152,21 +153,15 @@ class RSRPhase(Phase):
 
   def setup(self, actor_params, step=0):
     from rsi_jax.models.checkpoint import params_digest
-    from rsi_jax.rsr.funnel import MANIFEST, QClean, funnel_table
+    from rsi_jax.rsr.funnel import QClean, funnel_table
     self.input_digest = params_digest(actor_params)  # the actor the phase (and its funnel) started from
-    wd = epath.Path(self.workdir)
-    stored = json.loads((wd / MANIFEST).read_text()) if (wd / MANIFEST).exists() else None
-    if stored is not None and step == 0 and stored.get("input_actor_digest") != self.input_digest:
-      stored = None  # the phase starts anew from other weights: its funnel runs again
-    if stored is not None:  # an earlier attempt of this phase ran the funnel with these weights
-      self.manifest = stored
-      records = read_jsonl(wd / "q_clean.jsonl")
-      self.samples = load_samples(wd / "q_clean.npz") if records else []
-      self.stored = " (stored by an earlier attempt)"
-    else:
-      res = self._funnel(actor_params)
-      records, self.samples, self.manifest = res.records, res.episodes, res.manifest
-      self.stored = ""
+    # the first process reads what an earlier attempt stored or runs the funnel; every process trains on it
+    got = multihost.from_primary(self._stored, step)
+    if got is None:
+      if self.cfg.rsr.policy != "scripted":
+        self.ctx.serve(actor_params)  # on every process (the weight sync is collective)
+      got = multihost.from_primary(self._funnel)
+    records, self.samples, self.manifest, self.stored = got
     if len(self.samples) != len(records):
       raise InvariantError(f"{self.name}: Q_clean holds {len(self.samples)} trajectories but its records "
                            f"{len(records)} ({self.workdir})")
@@ -178,7 +173,22 @@ class RSRPhase(Phase):
     b = self.cfg.rollout.global_batch
     self.num_steps = len(self.qclean.batches(0, self.cfg.pipeline.sft_epochs, b))
 
-  def _funnel(self, actor_params):
+  def _stored(self, step: int):
+    """(records, Q_clean, manifest, note) an earlier attempt of this phase stored for these weights, else
+    None."""
+    from rsi_jax.rsr.funnel import MANIFEST
+    wd = epath.Path(self.workdir)
+    stored = json.loads((wd / MANIFEST).read_text()) if (wd / MANIFEST).exists() else None
+    if stored is not None and step == 0 and stored.get("input_actor_digest") != self.input_digest:
+      return None  # the phase starts anew from other weights: its funnel runs again
+    if stored is None:
+      return None
+    records = read_jsonl(wd / "q_clean.jsonl")
+    return records, (load_samples(wd / "q_clean.npz") if records else []), stored, \
+        " (stored by an earlier attempt)"
+
+  def _funnel(self):
+    """Run the funnel (the actor already served): (records, Q_clean, manifest, note)."""
     from rsi_jax.rsr.funnel import policy_factory, run_funnel
     from rsi_jax.rsr.scripted import LABEL, ScriptedRSRPolicy
     cfg, ctx = self.cfg, self.ctx
@@ -187,12 +197,12 @@ class RSRPhase(Phase):
       scripted = ScriptedRSRPolicy(ctx.tokenizer, tasks)
       policy_for, label = (lambda tag: scripted), LABEL
     else:
-      ctx.serve(actor_params)
       policy_for = policy_factory(ctx.sampler, derive_seed(cfg.run.seed, "rsr", self.name),
                                   cfg.rollout.deterministic)
       label = "the actor"
-    return run_funnel(cfg, tasks, ctx.pool, ctx.renderer, policy_for, label=label, workdir=self.workdir,
-                      input_digest=self.input_digest)
+    res = run_funnel(cfg, tasks, ctx.pool, ctx.renderer, policy_for, label=label, workdir=self.workdir,
+                     input_digest=self.input_digest)
+    return res.records, res.episodes, res.manifest, ""
 
   def describe(self):
     m = self.manifest
@@ -277,10 +287,16 @@ class RolloutPhase(Phase):
 
   def _setup_rollouts(self, actor_params, step):
     self.ctx.serve(actor_params)
-    self.table = self._reward_table()
-    if self.outcomes.exists():  # resuming: drop the outcomes of steps about to be redone
+    self.table = multihost.from_primary(self._records, step)
+
+  def _records(self, step):
+    """The first process's part of the setup: the phase's reward table, and the outcome records of the steps
+    about to be redone dropped (resuming)."""
+    table = self._reward_table()
+    if self.outcomes.exists():
       rows = read_jsonl(self.outcomes)
       self.outcomes.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
+    return table
 
   def _reward_table(self):
     """The phase's divisor table (App. B), frozen for the phase and stored in its folder (a resumed phase
@@ -341,13 +357,17 @@ class RolloutPhase(Phase):
     return list(range(state.cursor, state.cursor + r.requested)), r.global_batch
 
   def _start(self, state: PhaseState, i: int):
-    """Start step ``i``'s episodes; returns (a future of (episodes, aborted, started, seconds), the episodes'
-    abort switches)."""
+    """Start this process's share of step ``i``'s episodes (:func:`~rsi_jax.pipeline.multihost.process_share`:
+    all of them in a single process); returns (a future of (episodes, aborted, started, seconds), the
+    episodes' abort switches). ``started`` counts every process's requests."""
     import threading
 
     from rsi_jax.env import make_harness
     order = TaskOrder(self.ctx.tasks, state.seed, self.cfg.rollout.responses_per_task)
     idx, used = self.requests(state, i)
+    started = len(idx)
+    idx = [idx[j] for j in multihost.process_share(len(idx))]
+    used = len(multihost.process_share(used))
     det = self.cfg.rollout.deterministic
     jobs = []
     for k in idx:
@@ -359,7 +379,7 @@ class RolloutPhase(Phase):
     def run():
       t0 = time.time()
       eps, aborted = collect(self.ctx.pool, jobs, used, deterministic=det)
-      return eps, aborted, len(idx), time.time() - t0
+      return eps, aborted, started, time.time() - t0
 
     return self._executor.submit(run), [ev for _, _, ev in jobs]
 
@@ -402,6 +422,8 @@ class RolloutPhase(Phase):
     else:
       fut, ahead = self._start(state, i)[0], False
     eps, aborted, started, t_roll = fut.result()
+    # every process's episodes, in process order (= request order): the same batch on every process
+    eps, aborted = multihost.gather_objects(eps), sum(multihost.gather_objects([aborted]))
     state = dataclasses.replace(state, cursor=state.cursor + started)
     # one batch ahead (§3.1): the next step's episodes run on the current weights while this step trains
     if cfg.rollout.max_staleness > 0 and i + 1 < self.num_steps:
@@ -409,9 +431,10 @@ class RolloutPhase(Phase):
     version = ctx.actor_version  # the weights being trained now
     rewards, mask = outcome_rewards([e.outcome for e in eps], [e.family for e in eps], cfg.reward.kind,
                                     self.table)
-    with self.outcomes.open("a") as f:  # for the reward tables of later phases (calibration, App. B)
-      for e, rew in zip(eps, rewards):
-        f.write(json.dumps(outcome_row(i + 1, e, rew)) + "\n")
+    if multihost.is_primary():  # for the reward tables of later phases (calibration, App. B)
+      with self.outcomes.open("a") as f:
+        for e, rew in zip(eps, rewards):
+          f.write(json.dumps(outcome_row(i + 1, e, rew)) + "\n")
     samples = [episode_samples(e.segments, j) for j, e in enumerate(eps)]
     # the staleness bound: an episode with a token sampled more than max_staleness updates ago is not trained
     oldest = [min([int(x.weight_versions[x.gen_mask].min()) for x in ss if x.gen_mask.any()], default=version)

@@ -67,7 +67,7 @@ def linked_tb_gae(values, batch: dict, gamma_turn: float, lambda_turn: float, li
 
 def to_device_batch(batch: TrajectoryBatch, mesh=None) -> dict:
   """The sample-layout arrays TB-GAE reads (:func:`linked_tb_gae`), on the device (``mesh``: replicated over
-  it, every process placing its own devices' copies)."""
+  it; under multi-host every process holds the same batch and places its own devices' copies)."""
   if mesh is None:
     return {k: jnp.asarray(getattr(batch, k)) for k in _SAMPLE_FIELDS}
   rep = NamedSharding(mesh, PartitionSpec())

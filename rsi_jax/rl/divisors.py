@@ -119,6 +119,9 @@ class DivisorTable:
   def __len__(self) -> int:
     return len(self.families)
 
+  def __reduce__(self):  # pickled as its canonical dict (multi-host: the table goes to every process)
+    return DivisorTable.from_dict, (self.to_dict(),)
+
   def divisor(self, family: str) -> float:
     e = self.families.get(family)
     return e.divisor if e is not None else self.fallback_divisor

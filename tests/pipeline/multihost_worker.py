@@ -43,7 +43,28 @@ def checksum(tree) -> float:
   return total
 
 
+def exchanges() -> dict:
+  """The host-to-host exchanges, including their failures (no process may be left waiting)."""
+  out = {"share": list(multihost.process_share(5)), "gathered": multihost.gather_objects([jax.process_index()] * 2),
+         "from_primary": multihost.from_primary(lambda: f"made by {jax.process_index()}"),
+         "counts": multihost.sum_counts({"episodes": 3, f"only_{jax.process_index()}": 1})}
+
+  def fail():
+    raise ValueError("no tasks on this host")
+
+  try:
+    multihost.from_primary(fail)
+  except Exception as e:  # noqa: BLE001
+    out["primary_failed"] = f"{type(e).__name__}: {e}"
+  try:  # process 1 hands over something pickle cannot carry
+    multihost.gather_objects([lambda: 0] if jax.process_index() == 1 else [1])
+  except Exception as e:  # noqa: BLE001
+    out["unpicklable"] = f"{type(e).__name__}: {e}"
+  return out
+
+
 def main(out_path: str):
+  ex = exchanges()
   cfg = load_config(CONFIG_DIR / "smoke.yml", [
       "mesh.ici_fsdp_parallelism=4", "mesh.ici_tensor_parallelism=2", "rl.minibatches=1", "rl.ppo_epochs=1",
       "rl.pad_multiple=16", "rl.per_device_token_budget=32", "sampler.num_slots=2", "sampler.max_cache_length=64",
@@ -89,7 +110,7 @@ def main(out_path: str):
       "batch_tokens": batch.tokens.tolist(),
       "batch_sha": hashlib.sha256(batch.tokens.tobytes()).hexdigest(),
       "loss": float(m["loss"]), "policy_loss": float(m["policy/loss"]), "value_loss": float(m["value/loss"]),
-      "updates": int(m["updates"]), "before": before, "learner_after": learner_sum, "sampler_after": sampler_sum,
+      "updates": int(m["updates"]), **ex, "before": before, "learner_after": learner_sum, "sampler_after": sampler_sum,
   }
   with open(out_path, "w") as f:
     json.dump(result, f)

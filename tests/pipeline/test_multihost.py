@@ -43,6 +43,17 @@ def test_two_process_rpr_step_matches_one_process(tmp_path):
     assert p.returncode == 0, log[-4000:]
   p0, p1, ref = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("p0", "p1", "ref"))
 
+  # host-to-host exchanges: shares, gathers in process order, one process's result for all, summed counts
+  assert (p0["share"], p1["share"], ref["share"]) == ([0, 1, 2], [3, 4], [0, 1, 2, 3, 4])
+  assert p0["gathered"] == p1["gathered"] == [0, 0, 1, 1]
+  assert p0["from_primary"] == p1["from_primary"] == "made by 0"
+  assert p0["counts"] == p1["counts"] == {"episodes": 6, "only_0": 1, "only_1": 1}
+  # a failure on one process reaches every process instead of leaving the others waiting
+  assert p0["primary_failed"] == "ValueError: no tasks on this host"
+  assert p1["primary_failed"] == "PrimaryFailed: on the first process: ValueError: no tasks on this host"
+  for p in (p0, p1):
+    assert p["unpicklable"].startswith("RuntimeError: gathering across processes failed: process 1:"), p
+
   # each process ran its own half of the requests on its own devices
   assert (p0["process"], p0["processes"], p0["devices"], p1["process"]) == (0, 2, 8, 1)
   assert len(p0["local_devices"]) == len(p1["local_devices"]) == 4

@@ -339,3 +339,13 @@ def test_calibrate_cli(tmp_path, capsys):
   assert calibrate_main(["show", str(tmp_path / "missing.json")]) == 2
   assert calibrate_main(["spr", "--table", str(tmp_path / "old.json"), "--trajectories", str(traj),
                          "--out", str(tmp_path / "x.json"), "reward.suppression_factor=0"]) == 2
+
+
+def test_divisor_table_pickles_to_an_equal_table():
+  """A multi-host run hands the first process's table to the others by pickle: same table, same digest."""
+  import pickle
+  t = calibrate_fdr_divisors([("build", 4), ("build", 8), ("web", 2)], quantile=0.5, fallback_divisor=5.0,
+                             phase="rpr1", source="test")
+  u = pickle.loads(pickle.dumps(t))
+  assert u == t and u.digest == t.digest and u.divisor("build") == t.divisor("build") != t.fallback_divisor
+  assert dict(u.families) == dict(t.families)
