@@ -46,12 +46,12 @@ def run_program(config_path: str, overrides, after=None, distributed: bool = Fal
   from rsi_jax.pipeline.phases import NoTrainableSamples
   run_dir = run_dir_of(cfg)
   primary = multihost.is_primary()  # the other processes log to train.<process>.log and print only failures
-  log_name = "train.log" if primary else f"train.{multihost.process_index()}.log"
+  suffix = "" if primary else f".{multihost.process_index()}"
   if "://" in run_dir:  # an object-store run folder: the log file stays on this machine
-    log_path = os.path.join(tempfile.gettempdir(), f"rsi_jax-{cfg.run.name}-{log_name}")
+    log_path = os.path.join(tempfile.gettempdir(), f"rsi_jax-{cfg.run.name}{suffix}.log")
   else:
     os.makedirs(run_dir, exist_ok=True)
-    log_path = os.path.join(run_dir, log_name)
+    log_path = os.path.join(run_dir, f"train{suffix}.log")
   with LibraryOutputToFile(log_path) as out:
     setup_logging(cfg.run.log_level)
     logging.info("config %s with %d override(s)\n%s", config_path, len(overrides), dump_config(cfg))
