@@ -38,14 +38,17 @@ def run_program(config_path: str, overrides, after=None, distributed: bool = Fal
   cfg = load_cli_config(config_path, overrides)
   # heavy imports only after the config is known to be valid
   from rsi_jax.pipeline import multihost
-  if distributed or os.environ.get("RSI_COORDINATOR"):
+  distributed = distributed or bool(os.environ.get("RSI_COORDINATOR"))
+  if distributed:
     logging.set_verbosity(logging.WARNING)  # the log file is not open yet: no INFO lines on the console
     multihost.initialize()  # before anything asks JAX for its devices
   from rsi_jax.pipeline.driver import (Console, Driver, InvariantError, Preempted, PreflightError, preflight,
                                        run_dir_of)
   from rsi_jax.pipeline.phases import NoTrainableSamples
   run_dir = run_dir_of(cfg)
-  primary = multihost.is_primary()  # the other processes log to train.<process>.log and print only failures
+  # the other processes log to train.<process>.log and print only failures (asked only when distributed:
+  # asking starts JAX's backends, whose messages would reach the console before the log file is open)
+  primary = not distributed or multihost.is_primary()
   suffix = "" if primary else f".{multihost.process_index()}"
   if "://" in run_dir:  # an object-store run folder: the log file stays on this machine
     log_path = os.path.join(tempfile.gettempdir(), f"rsi_jax-{cfg.run.name}{suffix}.log")
