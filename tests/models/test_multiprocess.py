@@ -2,45 +2,25 @@
 gives the single-process 8-device losses; HF import and param checkpoints work across the two processes."""
 
 import os
-import socket
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 from tests.models import mp_worker
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+from tests.processes import cpu_env, free_port, run_all
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_process_step_matches_single_process(tmp_path):
-  port = _free_port()
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-             PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  port = free_port()
   script = os.path.join(os.path.dirname(__file__), "mp_worker.py")
   ckpt = str(tmp_path / "ckpt")
-  procs = [subprocess.Popen([sys.executable, script, str(port), str(i), ckpt], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
-  outs = []
-  try:
-    for p in procs:
-      out, _ = p.communicate(timeout=600)
-      outs.append(out)
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-  for p, out in zip(procs, outs):
-    assert p.returncode == 0, out[-3000:]
+  done = run_all([([sys.executable, script, str(port), str(i), ckpt], cpu_env(4)) for i in range(2)], 600)
+  outs = [out for _, out in done]
+  for rc, out in done:
+    assert rc == 0, out[-3000:]
   got = [[float(x) for x in next(l for l in out.splitlines() if l.startswith("LOSS")).split()[1:]]
          for out in outs]
   np.testing.assert_allclose(got[0], got[1], rtol=0, atol=0)  # both processes see the same replicated loss

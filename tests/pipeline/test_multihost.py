@@ -4,43 +4,24 @@ batch over the 8-device learner mesh and syncs the new weights to both samplers.
 devices runs the same step as the reference."""
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from rsi_jax.config import REPO_ROOT
+from tests.processes import cpu_env, free_port, run_all
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 WORKER = Path(__file__).with_name("multihost_worker.py")
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def _launch(out: Path, devices: int, extra: dict) -> subprocess.Popen:
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
-             PYTHONPATH=str(REPO_ROOT), **extra)
-  return subprocess.Popen([sys.executable, str(WORKER), str(out)], cwd=REPO_ROOT, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
 def test_two_process_rpr_step_matches_one_process(tmp_path):
-  port = _free_port()
-  procs = [_launch(tmp_path / f"p{i}.json", 4, {"RSI_COORDINATOR": f"127.0.0.1:{port}",
-                                                "RSI_NUM_PROCESSES": "2", "RSI_PROCESS_ID": str(i)})
+  port = free_port()
+  peers = [cpu_env(4, RSI_COORDINATOR=f"127.0.0.1:{port}", RSI_NUM_PROCESSES="2", RSI_PROCESS_ID=str(i))
            for i in range(2)]
-  procs.append(_launch(tmp_path / "ref.json", 8, {}))
-  logs = [p.communicate(timeout=900)[0] for p in procs]
-  for p, log in zip(procs, logs):
-    assert p.returncode == 0, log[-4000:]
+  runs = [(tmp_path / "p0.json", peers[0]), (tmp_path / "p1.json", peers[1]), (tmp_path / "ref.json", cpu_env(8))]
+  for rc, log in run_all([([sys.executable, str(WORKER), str(out)], env) for out, env in runs]):
+    assert rc == 0, log[-4000:]
   p0, p1, ref = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("p0", "p1", "ref"))
 
   # host-to-host exchanges: shares, gathers in process order, one process's result for all, summed counts
