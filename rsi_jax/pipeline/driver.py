@@ -246,7 +246,7 @@ class _Stop:
     if self._old is not None:
       signal.signal(signal.SIGTERM, self._old)
 
-  def now(self, step: int) -> bool:
+  def now(self) -> bool:
     return any(multihost.gather_objects([self.requested]))
 
 
@@ -528,7 +528,7 @@ class Driver:
         self.metrics.log(spec.name, spec.kind, i + 1, m)
         self.console.line(format_step(spec.name, i, n, m))
         bar.update(1)
-        preempt = stop.now(i + 1)
+        preempt = stop.now()
         if (i + 1) % cfg.pipeline.checkpoint_every == 0 or i + 1 == n or preempt:
           ckpts.save(i + 1, full(state.train), meta())
         if self.on_step is not None:

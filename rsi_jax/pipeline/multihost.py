@@ -31,29 +31,24 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 
-def initialize(coordinator: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None) -> bool:
-  """``jax.distributed.initialize`` when this is one process of several; returns whether it ran.
+def initialize() -> None:
+  """``jax.distributed.initialize`` for one process of several.
 
   On a Cloud TPU slice or under SLURM / Open MPI JAX finds the coordinator itself (``--distributed`` on
-  ``rsi_jax.train``); elsewhere pass the coordinator address ``host:port``, the process count and this
-  process's id (or set ``RSI_COORDINATOR``, ``RSI_NUM_PROCESSES``, ``RSI_PROCESS_ID``). CPU processes
-  exchange collectives over gloo."""
-  coordinator = coordinator or os.environ.get("RSI_COORDINATOR")
-  if num_processes is None and os.environ.get("RSI_NUM_PROCESSES"):
-    num_processes = int(os.environ["RSI_NUM_PROCESSES"])
-  if process_id is None and os.environ.get("RSI_PROCESS_ID"):
-    process_id = int(os.environ["RSI_PROCESS_ID"])
+  ``rsi_jax.train``); elsewhere ``RSI_COORDINATOR`` (``host:port``), ``RSI_NUM_PROCESSES`` and
+  ``RSI_PROCESS_ID`` say it. CPU processes exchange collectives over gloo."""
+  env = os.environ.get
   jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices only; TPU/GPU use their own
-  jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
-  return jax.process_count() > 1
+  jax.distributed.initialize(
+      coordinator_address=env("RSI_COORDINATOR"),
+      num_processes=int(env("RSI_NUM_PROCESSES")) if env("RSI_NUM_PROCESSES") else None,
+      process_id=int(env("RSI_PROCESS_ID")) if env("RSI_PROCESS_ID") else None)
 
 
-def process_share(n: int, index: int | None = None, count: int | None = None) -> range:
-  """The indices of ``range(n)`` process ``index`` of ``count`` takes: a contiguous block, the first
-  ``n % count`` processes one more, so the blocks in process order are ``range(n)`` in order."""
-  index = jax.process_index() if index is None else index
-  count = jax.process_count() if count is None else count
+def process_share(n: int) -> range:
+  """The indices of ``range(n)`` this process takes: a contiguous block, the first ``n % count`` processes
+  one more, so the blocks in process order are ``range(n)`` in order."""
+  index, count = jax.process_index(), jax.process_count()
   base, extra = divmod(n, count)
   start = index * base + min(index, extra)
   return range(start, start + base + (index < extra))
