@@ -170,8 +170,30 @@ class Backbone:
       # The decoder also computes MaxText's own logits; unused here, XLA drops them.
       _, hidden, _ = model.decoder(shared_embedding=model.token_embedder, decoder_input_tokens=tokens,
                                    decoder_positions=positions, decoder_segment_ids=segment_ids,
-                                   deterministic=True, model_mode=MODEL_MODE_TRAIN)
+                                   deterministic=True, model_mode=MODEL_MODE_TRAIN,
+                                   decoder_input_embeddings=self.embed(params, tokens))
       return model.decoder.decoder_norm(hidden)
+
+  def embed(self, params, tokens) -> jax.Array:
+    """Token embeddings (B, T, E) in the activation dtype: the rows MaxText's ``Embed`` looks up, with the
+    table's shardings made explicit.
+
+    MaxText gathers from the table as stored: vocabulary over ``tensor``, features over fsdp (+ context).
+    With context parallelism the token ids are split over (fsdp, context) too, and XLA's SPMD partitioner
+    cannot reconcile the two: it copies the whole batch's embeddings to every device ("Involuntary full
+    rematerialization", once per forward pass, ``tests/models/test_sharding_hygiene.py``). Here the table is
+    first all-gathered over its feature dimension -- the all-gather FSDP makes of every weight before use --
+    leaving the vocabulary split over ``tensor``; each device gathers the ids of its own (batch, sequence)
+    shard from its vocabulary slice and the slices are summed, so the result is sharded like the activations
+    that follow it."""
+    table = params["token_embedder"]["embedding"].astype(self.maxtext_config.dtype)
+    table = jax.lax.with_sharding_constraint(table, self._logical_sharding(("vocab", None)))
+    out = table.at[tokens].get()
+    return jax.lax.with_sharding_constraint(out, self._logical_sharding(
+        ("activation_embed_and_logits_batch", "activation_length", "activation_embed")))
+
+  def _logical_sharding(self, axes) -> NamedSharding:
+    return NamedSharding(self.mesh, nn_partitioning.logical_to_mesh_axes(axes, self.logical_axis_rules))
 
   def head_weight(self, params) -> jax.Array:
     """LM head as (E, V): the transposed embedding when tied, else MaxText's logits_dense kernel."""

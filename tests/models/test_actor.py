@@ -115,6 +115,35 @@ def test_logprobs_are_log_softmax_of_logits_and_chunking_is_exact(built):
                              rtol=1e-6, atol=1e-5)
 
 
+def test_embedding_lookup_equals_maxtexts_own(built):
+  """``Backbone.embed`` (the lookup with explicit shardings) gives MaxText's ``Embed`` rows bitwise, and the
+  decoder's hidden states equal those of MaxText's own lookup, gradients included."""
+  _, _, actor, _, params = built
+  tokens, pos, segs = _batch()
+  with actor._rules():
+    own = jax.jit(lambda p, t: actor.merge(p).token_embedder(t))(params, tokens)
+  ours = jax.jit(actor.embed)(params, tokens)
+  assert ours.shape == (B, T, actor.cfg.model.base_emb_dim) and ours.dtype == own.dtype
+  np.testing.assert_array_equal(np.asarray(ours), np.asarray(own))
+  np.testing.assert_array_equal(np.asarray(ours)[3, 5], np.asarray(params["token_embedder"]["embedding"])[tokens[3, 5]])
+
+  def maxtext_hidden(p, t):  # the decoder doing its own lookup
+    with actor._rules():
+      model = actor.merge(p)
+      _, h, _ = model.decoder(shared_embedding=model.token_embedder, decoder_input_tokens=t, decoder_positions=pos,
+                              decoder_segment_ids=segs, deterministic=True, model_mode="train")
+      return model.decoder.decoder_norm(h)
+
+  def total(fn):
+    return jax.jit(jax.value_and_grad(lambda p: (fn(p, tokens) ** 2).sum()))(params)
+
+  (v_ref, g_ref), (v, g) = total(maxtext_hidden), total(lambda p, t: actor.final_hidden(p, t, pos, segs))
+  np.testing.assert_allclose(float(v), float(v_ref), rtol=1e-6)
+  emb_ref, emb = g_ref["token_embedder"]["embedding"], g["token_embedder"]["embedding"]
+  assert float(jnp.abs(emb_ref).max()) > 0
+  np.testing.assert_allclose(np.asarray(emb), np.asarray(emb_ref), rtol=1e-5, atol=1e-6)
+
+
 def test_chunked_gradient_equals_unchunked(built):
   _, _, actor, _, params = built
   tokens, pos, segs = _batch(2)

@@ -1,8 +1,13 @@
-"""Sharding hygiene: on an fsdp 4 x tensor 2 mesh of 8 CPU devices, XLA's SPMD partitioner compiles the
+"""Sharding hygiene: on meshes of 8 CPU devices -- fsdp 4 x tensor 2, and fsdp 2 x context 2 x tensor 2 (the
+sequence split over devices) -- XLA's SPMD partitioner compiles the
 learner's programs -- π_old / v_old of a pass (the actor's log-probabilities at ``index=``, the chunked LM
 head, and the critic's values), the joint PPO + value gradients and the fused joint update -- without an
 "Involuntary full rematerialization" (a tensor it cannot reshard efficiently, so every device gathers
 all of it: memory and time that grow with the model).
+
+Under context parallelism MaxText's own token-embedding lookup (the table split [tensor, fsdp + context], the ids
+[fsdp, context]) made the partitioner copy the whole batch's embeddings to every device in every forward pass;
+``Backbone.embed`` does the lookup with explicit shardings instead, and this test keeps it that way.
 
 XLA logs that warning from C++ to the process's stderr (fd 2), so the programs compile and run in a child
 process whose output is read here. The same child, last, compiles a tiny program that does provoke the
@@ -42,10 +47,11 @@ def finite(tree):
 
 B, T, CHUNK = 8, 64, 8
 # rl.logprob_chunk below the gathered positions per row: the LM head runs as a lax.map over chunks
-cfg = load_config(None, ["mesh.ici_fsdp_parallelism=4", "mesh.ici_tensor_parallelism=2",
-                         f"model.max_target_length={T}", f"rl.logprob_chunk={CHUNK}"])
+AXES = json.loads(sys.argv[1])  # {"fsdp": 4, "tensor": 2}: the mesh's non-trivial axes
+cfg = load_config(None, [f"mesh.ici_{k}_parallelism={v}" for k, v in AXES.items()]
+                  + [f"model.max_target_length={T}", f"rl.logprob_chunk={CHUNK}"])
 mesh = build_mesh(cfg, jax.devices())
-assert dict((k, v) for k, v in mesh.shape.items() if v > 1) == {"fsdp": 4, "tensor": 2}, mesh.shape
+assert dict((k, v) for k, v in mesh.shape.items() if v > 1) == AXES, mesh.shape
 assert B % batch_shards(mesh) == 0
 actor, critic = Actor(cfg, mesh), Critic(cfg, mesh)
 trainer = RPRTrainer(cfg, actor, critic)
@@ -92,7 +98,7 @@ state, loss, aux = trainer._joint_step._step(state, batch)
 out["joint_step"] = {"finite": finite((state, loss, aux)), "loss": float(loss), "skipped": float(aux["skipped"]),
                      "step": int(state.step)}
 
-phase("control")  # positive control: rows over all 8 devices -> the last dimension over fsdp only
+phase("control")  # positive control: rows over fsdp x tensor -> the last dimension over fsdp only
 rows = NamedSharding(mesh, P(("fsdp", "tensor"), None, None))
 x = jax.ShapeDtypeStruct((8, 4, 8), jnp.float32, sharding=rows)
 f = lambda x: jax.lax.with_sharding_constraint(x * 2, NamedSharding(mesh, P(None, None, "fsdp"))) + 1
@@ -103,14 +109,18 @@ print("@@RESULT", json.dumps(out), flush=True)
 '''
 
 
-@pytest.fixture(scope="module")
-def child():
-  """(warning lines by phase, the child's results, its whole output): one run of ``_CHILD``."""
+MESHES = {"fsdp4_tensor2": {"fsdp": 4, "tensor": 2},
+          "fsdp2_context2_tensor2": {"fsdp": 2, "context": 2, "tensor": 2}}
+
+
+@pytest.fixture(scope="module", params=sorted(MESHES))
+def child(request):
+  """(warning lines by phase, the child's results, its whole output): one run of ``_CHILD`` per mesh."""
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
              TF_CPP_MIN_LOG_LEVEL="1",  # XLA's warnings reach stderr whatever the caller's level
              JAX_ENABLE_COMPILATION_CACHE="false")  # a cached executable skips the partitioner (and its log)
   # stderr into the stdout pipe: XLA's log lines stay in order with the phase markers
-  p = subprocess.run([sys.executable, "-c", _CHILD], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+  p = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(MESHES[request.param])], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                      stderr=subprocess.STDOUT, text=True, timeout=900, check=False)
   assert p.returncode == 0, p.stdout[-5000:]
   found, current, result = {}, "setup", None
