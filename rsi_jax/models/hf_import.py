@@ -2,6 +2,9 @@
 
 Tensors are read with numpy (no torch) and each device receives only its own slice
 (``jax.make_array_from_callback``), so the same code runs under ``jax.distributed`` with one process per host.
+Each host reads its own copy of the folder; under several processes the hosts compare a CRC-32 of every
+converted tensor before any is placed, and refuse to start when they differ (a global array built from two
+checkpoints would be a silent mixture).
 
 HF -> MaxText layout (per layer l; scanned layers stack l at MaxText's ``param_scan_axis`` = 1):
 
@@ -23,6 +26,7 @@ import glob
 import json
 import os
 import re
+import zlib
 
 import jax
 import numpy as np
@@ -224,9 +228,35 @@ def load_hf_params(hf_dir: str, actor) -> dict:
   _check_model_matches(hf_dir, actor.cfg)
   host = hf_to_maxtext_numpy(hf_dir, actor.abstract_params,
                              scan_axis=int(getattr(actor.maxtext_config, "param_scan_axis", 1)))
+  check_hosts_agree(hf_dir, host)
   return jax.tree.map(
       lambda a, s: jax.make_array_from_callback(a.shape, s, lambda idx, a=a: a[idx]), host,
       actor.param_shardings)
+
+
+def tensor_checksums(host: dict) -> dict[str, int]:
+  """CRC-32 of each host array's bytes, keyed by its param path (``a/b/c``)."""
+  return {"/".join(map(str, _path_names(path))): zlib.crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1))
+          for path, a in jax.tree_util.tree_flatten_with_path(host)[0]}
+
+
+def check_hosts_agree(hf_dir: str, host: dict) -> None:
+  """Under several JAX processes: raise :class:`HFImportError` on every process unless all of them read the
+  same tensors (each host reads ``hf_dir`` from its own disk). One process: nothing to compare."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils
+
+  sums = tensor_checksums(host)
+  rows = np.asarray(multihost_utils.process_allgather(np.array(list(sums.values()), np.uint32)))
+  rows = rows.reshape(jax.process_count(), len(sums))
+  bad = [i for i in range(len(rows)) if not np.array_equal(rows[i], rows[0])]
+  if bad:
+    names = list(sums)
+    first = [names[j] for j in np.flatnonzero(rows[bad[0]] != rows[0])]
+    raise HFImportError(f"{hf_dir}: the hosts read different weights: processes {bad} differ from process 0 in "
+                        f"{len(first)} of {len(names)} tensors (first: {first[0]}); every host needs the same "
+                        f"checkpoint files")
 
 
 def hf_logits(hf_dir: str, tokens, cfg: Config | None = None, positions=None, segment_ids=None,

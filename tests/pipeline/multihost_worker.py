@@ -6,12 +6,14 @@ Each process runs its share of 8 episode requests against a sampler on its own f
 learner's weights synced to it), the episodes are gathered into one global batch, one joint RPR step runs
 on the learner mesh over every process's devices (fsdp 4 x tensor 2), and the new weights are synced back to
 each sampler. Writes what the test compares: the episodes it generated, the global batch, the step's
-metrics and checksums of the learner's and the sampler's weights.
+metrics and checksums of the learner's and the sampler's weights. Before that, every process imports an HF
+checkpoint from its own copy of the folder: the same files, then process 1's copy with one tensor changed.
 """
 
 import hashlib
 import json
 import os
+import shutil
 import sys
 
 from rsi_jax.pipeline import multihost
@@ -63,8 +65,35 @@ def exchanges() -> dict:
   return out
 
 
+HF_FIXTURE = os.path.join(os.path.dirname(__file__), "..", "models", "fixtures", "hf_qwen3_tied")
+
+
+def hf_import(work: str) -> dict:
+  """Each process imports the HF fixture from its own copy (as each host of a pod reads its own disk): the
+  same files, then process 1's copy with ``model.norm.weight`` changed."""
+  from safetensors.numpy import load_file, save_file
+
+  from rsi_jax.models.hf_import import HFImportError, config_for_hf, load_hf_params
+
+  out = {}
+  for case in ("same", "changed_on_1"):
+    d = os.path.join(work, f"hf_{case}_{jax.process_index()}")
+    shutil.copytree(HF_FIXTURE, d, dirs_exist_ok=True)
+    if case == "changed_on_1" and jax.process_index() == 1:
+      tensors = load_file(os.path.join(d, "model.safetensors"))
+      tensors["model.norm.weight"] = tensors["model.norm.weight"] + 1
+      save_file(tensors, os.path.join(d, "model.safetensors"))
+    cfg = config_for_hf(d, load_config(None, ["mesh.ici_fsdp_parallelism=4", "mesh.ici_tensor_parallelism=2"]))
+    try:
+      out[f"hf_{case}"] = checksum(load_hf_params(d, Actor(cfg, build_mesh(cfg))))
+    except HFImportError as e:
+      out[f"hf_{case}"] = f"{type(e).__name__}: {e}".replace(d, "DIR")
+  return out
+
+
 def main(out_path: str):
   ex = exchanges()
+  ex.update(hf_import(os.path.dirname(os.path.abspath(out_path))))
   cfg = load_config(CONFIG_DIR / "smoke.yml", [
       "mesh.ici_fsdp_parallelism=4", "mesh.ici_tensor_parallelism=2", "rl.minibatches=1", "rl.ppo_epochs=1",
       "rl.pad_multiple=16", "rl.per_device_token_budget=32", "sampler.num_slots=2", "sampler.max_cache_length=64",

@@ -35,6 +35,14 @@ def test_two_process_rpr_step_matches_one_process(tmp_path):
   for p in (p0, p1):
     assert p["unpicklable"].startswith("RuntimeError: gathering across processes failed: process 1:"), p
 
+  # an HF import from each host's own copy of the folder: the same files load everywhere (the single-process
+  # import's weights); different files fail on every process, naming the process and the tensor
+  assert isinstance(p0["hf_same"], float) and p0["hf_same"] == p1["hf_same"] == pytest.approx(ref["hf_same"])
+  for p in (p0, p1):
+    assert p["hf_changed_on_1"] == (
+        "HFImportError: DIR: the hosts read different weights: processes [1] differ from process 0 in 1 of 13 "
+        "tensors (first: decoder/decoder_norm/scale); every host needs the same checkpoint files"), p
+
   # each process ran its own half of the requests on its own devices
   assert (p0["process"], p0["processes"], p0["devices"], p1["process"]) == (0, 2, 8, 1)
   assert len(p0["local_devices"]) == len(p1["local_devices"]) == 4
