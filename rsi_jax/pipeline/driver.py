@@ -42,7 +42,7 @@ from rsi_jax.config import (REPO_ROOT, Config, ConfigError, _deep_merge, _to_pla
                             load_phase_overlay, phase_kind, with_overrides)
 from rsi_jax.models.checkpoint import join, local_or_url, params_digest, resolve_checkpoint
 from rsi_jax.pipeline import multihost
-from rsi_jax.pipeline.phases import PHASES, InvariantError, PhaseState, RunContext
+from rsi_jax.pipeline.phases import PHASES, InvariantError, PhaseState, RunContext, pool_key
 
 LINEAGE = "lineage.json"
 PREVIOUS, INIT = "previous", "init"
@@ -326,7 +326,7 @@ class Driver:
         lambda: json.loads((rd / LINEAGE).read_text()) if (rd / LINEAGE).exists() else [])
     done = {e["phase"]: e for e in self.lineage}
     self.metrics = MetricLogger(self.run_dir, writes=primary)
-    ctx = self._context()
+    ctx = self._context(plan)
     mem = {}  # weights of the phase this process just ran: {"entry": ..., "actor": ..., "critic": ...}
     prev = None
     t0 = time.time()
@@ -426,7 +426,7 @@ class Driver:
                         f"config.{n}.yml); resuming with the new one")
     f.write_text(text)
 
-  def _context(self) -> RunContext:
+  def _context(self, plan) -> RunContext:
     from rsi_jax.env import EnvPool, load_tasks
     from rsi_jax.models import Actor, ChatRenderer, Critic, build_mesh, load_tokenizer
 
@@ -434,17 +434,23 @@ class Driver:
     mesh = build_mesh(cfg)
     actor, critic = Actor(cfg, mesh), Critic(cfg, mesh)
     tok = load_tokenizer(cfg.model.tokenizer_path)
-    tasks = pick_tasks(load_tasks(cfg.env.tasks_dir), cfg.env.max_tasks)
-    # multi-host: every process must run the same plan on the same task pool (request i -> the same task)
-    views = multihost.gather_objects([(config_digest(cfg), [t.name for t in tasks])])
+    # every phase's task pool (a phase may set its own env.tasks_dir / env.max_tasks)
+    pools = {}
+    for c in [cfg] + [s.cfg for s in plan]:
+      if pool_key(c) not in pools:
+        pools[pool_key(c)] = pick_tasks(load_tasks(c.env.tasks_dir), c.env.max_tasks)
+    tasks = pools[pool_key(cfg)]
+    # multi-host: every process must run the same plan on the same task pools (request i -> the same task)
+    views = multihost.gather_objects([(config_digest(cfg), {k: [t.name for t in v] for k, v in pools.items()})])
     if any(v != views[0] for v in views):
       bad = [i for i, v in enumerate(views) if v != views[0]]
       raise PreflightError(f"the processes differ in their config or task pool (env.tasks_dir): processes {bad} "
                            f"differ from process 0 (config digests {[v[0] for v in views]}, task counts "
-                           f"{[len(v[1]) for v in views]})")
+                           f"{[sum(map(len, v[1].values())) for v in views]})")
     run_id = f"{cfg.run.name}-{uuid.uuid4().hex[:6]}"
     pool = EnvPool.from_config(cfg.env, run_id, hygiene_patterns=cfg.reward.hygiene_patterns)
-    for name, lines in sorted(pool.check_base_images(tasks).items()):
+    every = list({t.name: t for v in pools.values() for t in v}.values())
+    for name, lines in sorted(pool.check_base_images(every).items()):
       for line in lines:
         self.console.line(f"warning: task {name}: {line}")
     n = sum(x.size for x in jax.tree.leaves(actor.abstract_params))
@@ -452,7 +458,11 @@ class Driver:
     self.console.line(f"rsi_jax run {self.run_dir}: MaxText Qwen3 '{cfg.model.name}' ({n:,} params) on mesh "
                       f"{axes} ({mesh.devices.size} {jax.default_backend()} device(s)); {len(tasks)} tasks from "
                       f"{cfg.env.tasks_dir}; phases {' -> '.join(cfg.pipeline.phases)}")
-    return RunContext(cfg, mesh, actor, critic, tok, ChatRenderer(tok), pool, tasks, self.run_dir)
+    for spec in plan:
+      if pool_key(spec.cfg) != pool_key(cfg):
+        self.console.line(f"[{spec.name}] its own task pool: {len(pools[pool_key(spec.cfg)])} tasks from "
+                          f"{spec.cfg.env.tasks_dir}")
+    return RunContext(cfg, mesh, actor, critic, tok, ChatRenderer(tok), pool, tasks, self.run_dir, pools=pools)
 
   # ------------------------------------------------------------------------------------------ phases
 

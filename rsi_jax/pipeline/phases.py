@@ -59,12 +59,17 @@ class RunContext:
   tokenizer: object
   renderer: object
   pool: object  # rsi_jax.env.EnvPool
-  tasks: list
+  tasks: list  # the run's task pool (env.tasks_dir, env.max_tasks)
   run_dir: str
   sampler: object = None  # rsi_jax.sampler.server.SamplerServer, created with the first weights it serves
   actor_version: int = 0  # the sampler's version number of the weights last handed to it
   eval_suite: tuple | None = None  # (tasks, frozen strata) of eval.tasks_dir, loaded at the first evaluation
   _served: object = None  # the weights last handed to the sampler
+  pools: dict = dataclasses.field(default_factory=dict)  # (env.tasks_dir, env.max_tasks) -> tasks, every phase's
+
+  def tasks_for(self, cfg) -> list:
+    """The task pool of a phase whose config is ``cfg`` (a phase may set its own env.tasks_dir / max_tasks)."""
+    return self.pools[pool_key(cfg)] if self.pools else self.tasks
 
   def serve(self, actor_params, wait: bool = True):
     """Hand ``actor_params`` to the sampler (creating it on first use) as a new weight version; ``wait``:
@@ -192,7 +197,7 @@ class RSRPhase(Phase):
     from rsi_jax.rsr.funnel import policy_factory, run_funnel
     from rsi_jax.rsr.scripted import LABEL, ScriptedRSRPolicy
     cfg, ctx = self.cfg, self.ctx
-    tasks = funnel_tasks(ctx.tasks, cfg.rsr.families, cfg.rsr.max_tasks, self.name)
+    tasks = funnel_tasks(ctx.tasks_for(cfg), cfg.rsr.families, cfg.rsr.max_tasks, self.name)
     if cfg.rsr.policy == "scripted":
       scripted = ScriptedRSRPolicy(ctx.tokenizer, tasks)
       policy_for, label = (lambda tag: scripted), LABEL
@@ -363,7 +368,7 @@ class RolloutPhase(Phase):
     import threading
 
     from rsi_jax.env import make_harness
-    order = TaskOrder(self.ctx.tasks, state.seed, self.cfg.rollout.responses_per_task)
+    order = TaskOrder(self.ctx.tasks_for(self.cfg), state.seed, self.cfg.rollout.responses_per_task)
     idx, used = self.requests(state, i)
     started = len(idx)
     idx = [idx[j] for j in multihost.process_share(len(idx))]
@@ -477,6 +482,11 @@ class RolloutPhase(Phase):
     return dataclasses.replace(state, train=train), m
 
 
+def pool_key(cfg) -> tuple:
+  """Which task pool a (phase) config draws from."""
+  return cfg.env.tasks_dir, cfg.env.max_tasks
+
+
 def funnel_tasks(pool, families, max_tasks: int, phase: str) -> list:
   """The tasks an RSR phase's funnel runs on: those of ``families`` (every family when empty; a family the pool
   lacks is an error), then at most ``max_tasks`` of them (0 = all), the first of each family round-robin."""
@@ -496,7 +506,7 @@ class CriticSeedPhase(RolloutPhase):
 
   def setup(self, actor_params, step=0):
     p, r = self.cfg.pipeline, self.cfg.rollout
-    self.total = p.critic_seed_epochs * len(self.ctx.tasks) * r.responses_per_task
+    self.total = p.critic_seed_epochs * len(self.ctx.tasks_for(self.cfg)) * r.responses_per_task
     self.num_steps = math.ceil(self.total / r.global_batch)
     super().setup(actor_params, step)
 
@@ -510,7 +520,7 @@ class CriticSeedPhase(RolloutPhase):
 
   def describe(self):
     return (f"{self.num_steps} critic-only rollout step(s) ({self.cfg.pipeline.critic_seed_epochs} epoch(s) "
-            f"over {len(self.ctx.tasks)} tasks), actor frozen, reward {self.cfg.reward.kind} (divisor table "
+            f"over {len(self.ctx.tasks_for(self.cfg))} tasks), actor frozen, reward {self.cfg.reward.kind} (divisor table "
             f"{self.table.digest}), critic LR {self.cfg.critic_optim.learning_rate:g}")
 
 

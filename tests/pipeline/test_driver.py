@@ -27,9 +27,12 @@ TINY = ["run.progress=false", "mesh.ici_fsdp_parallelism=4", "mesh.ici_tensor_pa
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, docker_client):
   out = tmp_path_factory.mktemp("run")
-  ov = [f"run.output_dir={out}", "run.name=t", f"pipeline.phases=[{', '.join(PHASES)}]", *TINY]
+  # The critic seed draws from a pool of its own (3 of the run's 4 tasks): a phase's env settings apply to it.
+  # env.max_tasks=4 stands as if in the run file: a command-line key=value would win over every phase's.
+  ov = [f"run.output_dir={out}", "run.name=t", f"pipeline.phases=[{', '.join(PHASES)}]", *TINY,
+        "pipeline.phase_overrides.critic_seed.env.max_tasks=3"]
   cfg = load_config(CONFIG_DIR / "smoke.yml", ov)
-  result = Driver(cfg, ov).run()
+  result = Driver(cfg, [o for o in ov if not o.startswith("env.max_tasks=")]).run()
   return cfg, result, out / "t"
 
 
@@ -272,9 +275,13 @@ def test_critic_seed_covers_every_task_once_with_the_actor_frozen(run):
   cfg, _, run_dir = run
   from rsi_jax.env import load_tasks
   from rsi_jax.pipeline.driver import pick_tasks
-  pool = sorted(t.name for t in pick_tasks(load_tasks(cfg.env.tasks_dir), cfg.env.max_tasks))
+  pool = sorted(t.name for t in pick_tasks(load_tasks(cfg.env.tasks_dir), 3))  # its phase's env.max_tasks
   rows = _rows(run_dir / "phases" / "critic_seed" / "outcomes.jsonl")
   assert sorted(r["task"] for r in rows) == pool
+  # the other phases draw from the run's pool of 4: RPR-1's 3 steps of 4 episodes, in seeded epochs over it
+  run_pool = {t.name for t in pick_tasks(load_tasks(cfg.env.tasks_dir), cfg.env.max_tasks)}
+  assert len(run_pool) == 4 and set(pool) < run_pool
+  assert {r["task"] for r in _rows(run_dir / "phases" / "rpr1" / "outcomes.jsonl")} == run_pool
   lineage = _lineage(run_dir)
   assert lineage[1]["actor_digest"] == lineage[0]["actor_digest"]
 
