@@ -1,6 +1,8 @@
-"""Write the learning check's generated task suite (rsi_jax.env.learn_tasks): OUT/train, OUT/heldout.
+"""Write the learning check's generated task suite (rsi_jax.env.learn_tasks): OUT/train, OUT/heldout (and
+OUT/base, the warm start's demonstrations, with --base N).
 
-Usage: .venv/bin/python scripts/make_learn_tasks.py OUT [--seed 0] [--train 24] [--heldout 4] [--templates a,b]
+Usage: .venv/bin/python scripts/make_learn_tasks.py OUT [--seed 0] [--train 24] [--heldout 4] [--base 0]
+       [--templates a,b]
 """
 
 import argparse
@@ -15,10 +17,12 @@ def main(argv=None):
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--train", type=int, default=24, help="train tasks per template")
   ap.add_argument("--heldout", type=int, default=4, help="held-out tasks per template")
+  ap.add_argument("--base", type=int, default=0, help="base (warm-start demonstration) tasks per template")
   ap.add_argument("--templates", default="", help="comma-separated template names (default: all)")
   a = ap.parse_args(argv)
   try:
     paths = make_suite(a.out, seed=a.seed, train_per_template=a.train, heldout_per_template=a.heldout,
+                       base_per_template=a.base,
                        templates=[t for t in a.templates.split(",") if t])
   except ValueError as e:
     print(f"make_learn_tasks: {e}", file=sys.stderr)

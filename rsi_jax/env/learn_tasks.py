@@ -18,7 +18,8 @@ find-word       the lines of /app/data/log.txt holding {w} -> {b}.txt  ``grep {w
 
 :func:`make_suite` writes a train split and a held-out split that share no (template, parameters)
 combination: per template, the combinations are shuffled with the seed and dealt to held-out first, then
-train. Data files (inputs the commands read) are derived from the parameters, so a task folder is the same for
+train, then (when asked for) a third split, ``base``: the warm start's demonstrations, which stand in for what
+a pre-trained base saw -- none of them in the pool the later phases train on, nor in the held-out split. Data files (inputs the commands read) are derived from the parameters, so a task folder is the same for
 the same seed. ``python scripts/make_learn_tasks.py OUT`` writes a suite from the command line.
 """
 
@@ -178,31 +179,38 @@ def write_task(root: Path, template: Template, params: tuple, base_image: str = 
 
 
 def split(seed: int, train_per_template: int, heldout_per_template: int,
-          templates: Sequence[str] = ()) -> dict[str, list[tuple[Template, tuple]]]:
-  """{"train": [...], "heldout": [...]} of (template, parameters); no combination is in both."""
-  out: dict[str, list] = {"train": [], "heldout": []}
+          templates: Sequence[str] = (), base_per_template: int = 0) -> dict[str, list[tuple[Template, tuple]]]:
+  """{"train": [...], "heldout": [...]} (and "base" when ``base_per_template``) of (template, parameters); no
+  combination is in two splits. Held-out and train do not depend on ``base_per_template``."""
+  sizes = {"heldout": heldout_per_template, "train": train_per_template, "base": base_per_template}
+  out: dict[str, list] = {k: [] for k, n in sizes.items() if n or k != "base"}
   for t in TEMPLATES:
     if templates and t.name not in templates:
       continue
     combos = sorted(t.params())
     random.Random(f"{seed}-{t.name}").shuffle(combos)
-    if heldout_per_template + train_per_template > len(combos):
+    if sum(sizes.values()) > len(combos):
       raise ValueError(f"template {t.name} has {len(combos)} parameter combinations, fewer than "
-                       f"{heldout_per_template} held-out + {train_per_template} train")
-    out["heldout"] += [(t, p) for p in combos[:heldout_per_template]]
-    out["train"] += [(t, p) for p in combos[heldout_per_template:heldout_per_template + train_per_template]]
+                       f"{heldout_per_template} held-out + {train_per_template} train"
+                       + (f" + {base_per_template} base" if base_per_template else ""))
+    start = 0
+    for k, n in sizes.items():
+      if k in out:
+        out[k] += [(t, p) for p in combos[start:start + n]]
+      start += n
   return out
 
 
 def make_suite(out_dir, *, seed: int = 0, train_per_template: int = 24, heldout_per_template: int = 4,
-               templates: Sequence[str] = (), base_image: str = "rsi-base") -> dict[str, Path]:
-  """Write ``out_dir/train`` and ``out_dir/heldout`` (and ``out_dir/suite.json``: what was generated);
-  returns {"train": path, "heldout": path}."""
+               templates: Sequence[str] = (), base_image: str = "rsi-base",
+               base_per_template: int = 0) -> dict[str, Path]:
+  """Write ``out_dir/train`` and ``out_dir/heldout`` (``out_dir/base`` too when ``base_per_template``, and
+  ``out_dir/suite.json``: what was generated); returns {split: path}."""
   unknown = sorted(set(templates) - set(BY_NAME))
   if unknown:
     raise ValueError(f"unknown template(s) {unknown}; known: {sorted(BY_NAME)}")
   out = Path(out_dir)
-  parts = split(seed, train_per_template, heldout_per_template, templates)
+  parts = split(seed, train_per_template, heldout_per_template, templates, base_per_template)
   paths = {}
   for name, items in parts.items():
     root = out / name
@@ -214,6 +222,7 @@ def make_suite(out_dir, *, seed: int = 0, train_per_template: int = 24, heldout_
     paths[name] = root
   (out / "suite.json").write_text(json.dumps(
       {"seed": seed, "train_per_template": train_per_template, "heldout_per_template": heldout_per_template,
+       "base_per_template": base_per_template,
        "templates": [t.name for t in TEMPLATES if not templates or t.name in templates],
        **{k: [task_name(t, p) for t, p in v] for k, v in parts.items()}}, indent=1) + "\n")
   return paths

@@ -25,6 +25,19 @@ def test_splits_share_no_combination_and_cover_every_template():
     split(seed=0, train_per_template=100, heldout_per_template=4)
 
 
+def test_base_split_is_disjoint_from_train_and_heldout_and_leaves_them_unchanged():
+  parts = split(seed=3, train_per_template=24, heldout_per_template=4, base_per_template=24)
+  keys = {k: {(t.name, p) for t, p in v} for k, v in parts.items()}
+  assert sorted(keys) == ["base", "heldout", "train"]
+  assert len(keys["base"]) == 24 * len(TEMPLATES)
+  assert not keys["base"] & keys["train"] and not keys["base"] & keys["heldout"]
+  without = split(seed=3, train_per_template=24, heldout_per_template=4)
+  assert "base" not in without
+  assert (without["train"], without["heldout"]) == (parts["train"], parts["heldout"])
+  with pytest.raises(ValueError, match=r"fewer than 4 held-out \+ 24 train \+ 29 base"):
+    split(seed=0, train_per_template=24, heldout_per_template=4, base_per_template=29)  # 57 > 56 combinations
+
+
 def test_suite_folders_load(tmp_path):
   paths = make_suite(tmp_path, seed=1, train_per_template=2, heldout_per_template=1)
   train, held = load_tasks(paths["train"]), load_tasks(paths["heldout"])

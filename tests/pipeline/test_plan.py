@@ -206,11 +206,20 @@ def test_defaults_cpu_run_fits_the_machine():
 def test_shipped_configs_pass_preflight(tmp_path):
   from rsi_jax.env.learn_tasks import make_suite
   shutil.copytree(CONFIG_DIR, tmp_path / "configs")
-  suite = make_suite(tmp_path / "learn", train_per_template=1, heldout_per_template=1)  # what learn_check.sh writes
-  extra = {"learn_check.yml": [f"env.tasks_dir={suite['train']}", f"eval.tasks_dir={suite['heldout']}"]}
+  # what learn_check.sh writes: a suite and a run file over configs/learn_check.yml naming its splits
+  suite = make_suite(tmp_path / "learn", train_per_template=1, heldout_per_template=1, base_per_template=1)
+  run_file = tmp_path / "learn" / "run.yml"
+  run_file.write_text(f"base_config: {CONFIG_DIR / 'learn_check.yml'}\nenv: {{tasks_dir: {suite['train']}}}\n"
+                      f"eval: {{tasks_dir: {suite['heldout']}}}\n"
+                      f"pipeline: {{phase_overrides: {{rsr0: {{env: {{tasks_dir: {suite['base']}}}}}}}}}\n")
   for f in sorted(CONFIG_DIR.glob("*.yml")):
-    cfg = load_config(f, [f"run.output_dir={tmp_path}", *extra.get(f.name, [])])
-    assert preflight(cfg, num_devices=4)
+    cfg = load_config(run_file if f.name == "learn_check.yml" else f, [f"run.output_dir={tmp_path}"])
+    plan = preflight(cfg, num_devices=4)
+    if f.name == "learn_check.yml":  # Base learns from the base split, the later phases train on the train split
+      assert {s.name: s.cfg.env.tasks_dir for s in plan} == {
+          "rsr0": str(suite["base"]), "rsr1": str(suite["train"]), "critic_seed": str(suite["train"]),
+          "rpr1": str(suite["train"])}
+    assert plan
 
 
 @pytest.mark.slow
