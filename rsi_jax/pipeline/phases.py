@@ -389,17 +389,15 @@ class RolloutPhase(Phase):
     return self._executor.submit(run), [ev for _, _, ev in jobs]
 
   def _sampler_delta(self) -> dict:
-    """The sampler's prompt work since the previous step: tokens prefilled, tokens whose keys came from the
-    prefix cache (the episode's earlier turns) and the reused share."""
+    """The samplers' prompt work since the previous step, summed over every process's sampler: tokens
+    prefilled, tokens whose keys came from the prefix cache (the episode's earlier turns) and the reused share."""
     st = getattr(self.ctx.sampler, "stats", None)
-    if st is None:
-      return {}
-    now = (st.prefill_tokens, st.reused_tokens)
+    now = (st.prefill_tokens, st.reused_tokens) if st is not None else (0, 0)
     prev = getattr(self, "_sampler_prev", (0, 0))
     self._sampler_prev = now
-    pre, reused = now[0] - prev[0], now[1] - prev[1]
-    return {"prefill_tokens": pre, "reused_prompt_tokens": reused,
-            "prompt_reuse": reused / (pre + reused) if pre + reused else 0.0}
+    total = multihost.sum_counts({"prefill_tokens": now[0] - prev[0], "reused_prompt_tokens": now[1] - prev[1]})
+    pre, reused = total["prefill_tokens"], total["reused_prompt_tokens"]
+    return {**total, "prompt_reuse": reused / (pre + reused) if pre + reused else 0.0}
 
   def setup(self, actor_params, step=0):
     import concurrent.futures as cf
