@@ -224,10 +224,16 @@ def _check_model_matches(hf_dir: str, cfg: Config):
 def load_hf_params(hf_dir: str, actor) -> dict:
   """Actor (or critic backbone) params from an HF Qwen3 folder, placed in ``actor.param_shardings``.
 
-  ``actor`` must be built from a config matching the folder (see :func:`config_for_hf`)."""
-  _check_model_matches(hf_dir, actor.cfg)
-  host = hf_to_maxtext_numpy(hf_dir, actor.abstract_params,
-                             scan_axis=int(getattr(actor.maxtext_config, "param_scan_axis", 1)))
+  ``actor`` must be built from a config matching the folder (see :func:`config_for_hf`). Under several JAX
+  processes every host reads its own copy, and the import fails on every process (no process left waiting)
+  when any host cannot read it or the hosts' tensors differ (:func:`check_hosts_agree`)."""
+  try:
+    _check_model_matches(hf_dir, actor.cfg)
+    host = hf_to_maxtext_numpy(hf_dir, actor.abstract_params,
+                               scan_axis=int(getattr(actor.maxtext_config, "param_scan_axis", 1)))
+  except Exception as e:  # noqa: BLE001 - reported on every process, then raised here as it was
+    check_hosts_agree(hf_dir, None, f"{type(e).__name__}: {e}")
+    raise
   check_hosts_agree(hf_dir, host)
   return jax.tree.map(
       lambda a, s: jax.make_array_from_callback(a.shape, s, lambda idx, a=a: a[idx]), host,
@@ -240,23 +246,34 @@ def tensor_checksums(host: dict) -> dict[str, int]:
           for path, a in jax.tree_util.tree_flatten_with_path(host)[0]}
 
 
-def check_hosts_agree(hf_dir: str, host: dict) -> None:
-  """Under several JAX processes: raise :class:`HFImportError` on every process unless all of them read the
-  same tensors (each host reads ``hf_dir`` from its own disk). One process: nothing to compare."""
+def check_hosts_agree(hf_dir: str, host: dict | None, error: str | None = None) -> None:
+  """Under several JAX processes: raise :class:`HFImportError` on every process unless every one of them read
+  the folder (``error``: why this one could not) and all read the same tensors (each host reads ``hf_dir``
+  from its own disk). Processes are grouped by what they read, so the message names the odd ones out.
+  One process: nothing to compare."""
   if jax.process_count() == 1:
     return
-  from jax.experimental import multihost_utils
+  from rsi_jax.pipeline.multihost import gather_objects
 
-  sums = tensor_checksums(host)
-  rows = np.asarray(multihost_utils.process_allgather(np.array(list(sums.values()), np.uint32)))
-  rows = rows.reshape(jax.process_count(), len(sums))
-  bad = [i for i in range(len(rows)) if not np.array_equal(rows[i], rows[0])]
-  if bad:
-    names = list(sums)
-    first = [names[j] for j in np.flatnonzero(rows[bad[0]] != rows[0])]
-    raise HFImportError(f"{hf_dir}: the hosts read different weights: processes {bad} differ from process 0 in "
-                        f"{len(first)} of {len(names)} tensors (first: {first[0]}); every host needs the same "
-                        f"checkpoint files")
+  views = gather_objects([(error, tensor_checksums(host) if host is not None else None)])
+  failed = {i: e for i, (e, _) in enumerate(views) if e is not None}
+  if failed:
+    if error is not None:
+      return  # this process raises its own error
+    raise HFImportError(f"{hf_dir}: process(es) {sorted(failed)} could not import it (process "
+                        f"{min(failed)}: {failed[min(failed)]})")
+  groups: dict = {}
+  for i, (_, sums) in enumerate(views):
+    groups.setdefault(tuple(sorted(sums.items())), []).append(i)
+  if len(groups) > 1:
+    ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    (ref, ref_procs), (other, other_procs) = ranked[0], ranked[1]
+    a, b = dict(ref), dict(other)
+    differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    raise HFImportError(f"{hf_dir}: the hosts read different weights (processes grouped by what they read: "
+                        f"{' / '.join(str(p) for _, p in ranked)}): {other_procs} differ from {ref_procs} in "
+                        f"{len(differ)} of {len(set(a) | set(b))} tensors (first: {differ[0]}); every host needs "
+                        f"the same checkpoint files")
 
 
 def hf_logits(hf_dir: str, tokens, cfg: Config | None = None, positions=None, segment_ids=None,

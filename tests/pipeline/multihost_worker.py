@@ -70,24 +70,27 @@ HF_FIXTURE = os.path.join(os.path.dirname(__file__), "..", "models", "fixtures",
 
 def hf_import(work: str) -> dict:
   """Each process imports the HF fixture from its own copy (as each host of a pod reads its own disk): the
-  same files, then process 1's copy with ``model.norm.weight`` changed."""
+  same files, then process 1's copy with ``model.norm.weight`` changed, then without its weights file."""
   from safetensors.numpy import load_file, save_file
 
   from rsi_jax.models.hf_import import HFImportError, config_for_hf, load_hf_params
 
   out = {}
-  for case in ("same", "changed_on_1"):
+  cfg = config_for_hf(HF_FIXTURE, load_config(None, ["mesh.ici_fsdp_parallelism=4", "mesh.ici_tensor_parallelism=2"]))
+  actor = Actor(cfg, build_mesh(cfg))
+  for case in ("same", "changed_on_1", "missing_on_1"):
     d = os.path.join(work, f"hf_{case}_{jax.process_index()}")
     shutil.copytree(HF_FIXTURE, d, dirs_exist_ok=True)
     if case == "changed_on_1" and jax.process_index() == 1:
       tensors = load_file(os.path.join(d, "model.safetensors"))
       tensors["model.norm.weight"] = tensors["model.norm.weight"] + 1
       save_file(tensors, os.path.join(d, "model.safetensors"))
-    cfg = config_for_hf(d, load_config(None, ["mesh.ici_fsdp_parallelism=4", "mesh.ici_tensor_parallelism=2"]))
+    if case == "missing_on_1" and jax.process_index() == 1:
+      os.remove(os.path.join(d, "model.safetensors"))
     try:
-      out[f"hf_{case}"] = checksum(load_hf_params(d, Actor(cfg, build_mesh(cfg))))
+      out[f"hf_{case}"] = checksum(load_hf_params(d, actor))
     except HFImportError as e:
-      out[f"hf_{case}"] = f"{type(e).__name__}: {e}".replace(d, "DIR")
+      out[f"hf_{case}"] = f"{type(e).__name__}: {e}".replace(work, "WORK")
   return out
 
 

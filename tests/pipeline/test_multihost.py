@@ -36,12 +36,17 @@ def test_two_process_rpr_step_matches_one_process(tmp_path):
     assert p["unpicklable"].startswith("RuntimeError: gathering across processes failed: process 1:"), p
 
   # an HF import from each host's own copy of the folder: the same files load everywhere (the single-process
-  # import's weights); different files fail on every process, naming the process and the tensor
+  # import's weights); different files, or a host that cannot read its copy, fail on every process
   assert isinstance(p0["hf_same"], float) and p0["hf_same"] == p1["hf_same"] == pytest.approx(ref["hf_same"])
-  for p in (p0, p1):
+  for p, d in ((p0, "WORK/hf_changed_on_1_0"), (p1, "WORK/hf_changed_on_1_1")):
     assert p["hf_changed_on_1"] == (
-        "HFImportError: DIR: the hosts read different weights: processes [1] differ from process 0 in 1 of 13 "
-        "tensors (first: decoder/decoder_norm/scale); every host needs the same checkpoint files"), p
+        f"HFImportError: {d}: the hosts read different weights (processes grouped by what they read: [0] / [1]): "
+        "[1] differ from [0] in 1 of 13 tensors (first: decoder/decoder_norm/scale); every host needs the same "
+        "checkpoint files"), p
+  assert p1["hf_missing_on_1"] == "HFImportError: WORK/hf_missing_on_1_1: no *.safetensors files"
+  assert p0["hf_missing_on_1"] == ("HFImportError: WORK/hf_missing_on_1_0: process(es) [1] could not import it "
+                                   "(process 1: HFImportError: WORK/hf_missing_on_1_1: no *.safetensors files)")
+  assert isinstance(ref["hf_changed_on_1"], float) and isinstance(ref["hf_missing_on_1"], float)
 
   # each process ran its own half of the requests on its own devices
   assert (p0["process"], p0["processes"], p0["devices"], p1["process"]) == (0, 2, 8, 1)
