@@ -130,6 +130,9 @@ class Backbone:
     self.abstract_params = nnx.to_pure_dict(abs_params)  # ShapeDtypeStructs carrying their shardings
     self.param_shardings = jax.tree.map(lambda a: a.sharding, self.abstract_params)
     self.tied = bool(cfg.model.logits_via_embedding)
+    mc = self.maxtext_config
+    self._own_lookup = not (mc.use_iota_embed or mc.parameter_memory_host_offload
+                            or str(getattr(mc.shard_mode, "value", mc.shard_mode)).lower() == "explicit")
     self._init = jax.jit(self._init_impl, out_shardings=self.param_shardings)
 
   # -- params
@@ -171,7 +174,7 @@ class Backbone:
       _, hidden, _ = model.decoder(shared_embedding=model.token_embedder, decoder_input_tokens=tokens,
                                    decoder_positions=positions, decoder_segment_ids=segment_ids,
                                    deterministic=True, model_mode=MODEL_MODE_TRAIN,
-                                   decoder_input_embeddings=self.embed(params, tokens))
+                                   decoder_input_embeddings=self.embed(params, tokens) if self._own_lookup else None)
       return model.decoder.decoder_norm(hidden)
 
   def embed(self, params, tokens) -> jax.Array:
@@ -185,7 +188,8 @@ class Backbone:
     first all-gathered over its feature dimension -- the all-gather FSDP makes of every weight before use --
     leaving the vocabulary split over ``tensor``; each device gathers the ids of its own (batch, sequence)
     shard from its vocabulary slice and the slices are summed, so the result is sharded like the activations
-    that follow it."""
+    that follow it. (MaxText variants this lookup does not reproduce -- ``use_iota_embed``, parameters offloaded
+    to host memory, explicit sharding mode -- keep MaxText's own: ``_own_lookup`` is False for them.)"""
     table = params["token_embedder"]["embedding"].astype(self.maxtext_config.dtype)
     table = jax.lax.with_sharding_constraint(table, self._logical_sharding(("vocab", None)))
     out = table.at[tokens].get()

@@ -115,17 +115,28 @@ def test_logprobs_are_log_softmax_of_logits_and_chunking_is_exact(built):
                              rtol=1e-6, atol=1e-5)
 
 
-def test_embedding_lookup_equals_maxtexts_own(built):
+@pytest.mark.parametrize("case", ["fsdp4_tensor2", "fsdp2_context2_tensor2_bf16"])
+def test_embedding_lookup_equals_maxtexts_own(built, case):
   """``Backbone.embed`` (the lookup with explicit shardings) gives MaxText's ``Embed`` rows bitwise, and the
-  decoder's hidden states equal those of MaxText's own lookup, gradients included."""
-  _, _, actor, _, params = built
+  decoder's hidden states equal those of MaxText's own lookup, gradients included: float32 on fsdp x tensor,
+  and bfloat16 activations under context parallelism (the case the explicit shardings are for)."""
+  if case == "fsdp4_tensor2":
+    _, _, actor, _, params = built
+  else:
+    cfg = load_config(None, TINY + ["mesh.ici_fsdp_parallelism=2", "mesh.ici_context_parallelism=2",
+                                    "mesh.ici_tensor_parallelism=2", "model.dtype=bfloat16"])
+    actor = Actor(cfg, build_mesh(cfg))
+    assert dict(actor.mesh.shape)["context"] == 2
+    params = actor.init(jax.random.PRNGKey(0))
   tokens, pos, segs = _batch()
   with actor._rules():
     own = jax.jit(lambda p, t: actor.merge(p).token_embedder(t))(params, tokens)
   ours = jax.jit(actor.embed)(params, tokens)
-  assert ours.shape == (B, T, actor.cfg.model.base_emb_dim) and ours.dtype == own.dtype
+  want_dtype = jnp.float32 if case == "fsdp4_tensor2" else jnp.bfloat16
+  assert ours.shape == (B, T, actor.cfg.model.base_emb_dim) and ours.dtype == own.dtype == want_dtype
   np.testing.assert_array_equal(np.asarray(ours), np.asarray(own))
-  np.testing.assert_array_equal(np.asarray(ours)[3, 5], np.asarray(params["token_embedder"]["embedding"])[tokens[3, 5]])
+  table = np.asarray(params["token_embedder"]["embedding"])
+  np.testing.assert_array_equal(np.asarray(ours)[3, 5], table[tokens[3, 5]].astype(want_dtype))
 
   def maxtext_hidden(p, t):  # the decoder doing its own lookup
     with actor._rules():
@@ -135,7 +146,7 @@ def test_embedding_lookup_equals_maxtexts_own(built):
       return model.decoder.decoder_norm(h)
 
   def total(fn):
-    return jax.jit(jax.value_and_grad(lambda p: (fn(p, tokens) ** 2).sum()))(params)
+    return jax.jit(jax.value_and_grad(lambda p: (fn(p, tokens).astype(jnp.float32) ** 2).sum()))(params)
 
   (v_ref, g_ref), (v, g) = total(maxtext_hidden), total(lambda p, t: actor.final_hidden(p, t, pos, segs))
   np.testing.assert_allclose(float(v), float(v_ref), rtol=1e-6)
