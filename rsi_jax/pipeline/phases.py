@@ -181,11 +181,13 @@ class RSRPhase(Phase):
   def _stored(self, step: int):
     """(records, Q_clean, manifest, note) an earlier attempt of this phase stored for these weights, else
     None."""
+    from rsi_jax.env.tasks import tasks_digest
     from rsi_jax.rsr.funnel import MANIFEST
     wd = epath.Path(self.workdir)
     stored = json.loads((wd / MANIFEST).read_text()) if (wd / MANIFEST).exists() else None
-    if stored is not None and step == 0 and stored.get("input_actor_digest") != self.input_digest:
-      return None  # the phase starts anew from other weights: its funnel runs again
+    if stored is not None and step == 0 and (stored.get("input_actor_digest") != self.input_digest
+                                             or stored.get("tasks_digest") != tasks_digest(self.funnel_tasks())):
+      return None  # the phase starts anew from other weights or on other tasks: its funnel runs again
     if stored is None:
       return None
     records = read_jsonl(wd / "q_clean.jsonl")
@@ -197,7 +199,7 @@ class RSRPhase(Phase):
     from rsi_jax.rsr.funnel import policy_factory, run_funnel
     from rsi_jax.rsr.scripted import LABEL, ScriptedRSRPolicy
     cfg, ctx = self.cfg, self.ctx
-    tasks = funnel_tasks(ctx.tasks_for(cfg), cfg.rsr.families, cfg.rsr.max_tasks, self.name)
+    tasks = self.funnel_tasks()
     if cfg.rsr.policy == "scripted":
       scripted = ScriptedRSRPolicy(ctx.tokenizer, tasks)
       policy_for, label = (lambda tag: scripted), LABEL
@@ -208,6 +210,9 @@ class RSRPhase(Phase):
     res = run_funnel(cfg, tasks, ctx.pool, ctx.renderer, policy_for, label=label, workdir=self.workdir,
                      input_digest=self.input_digest)
     return res.records, res.episodes, res.manifest, ""
+
+  def funnel_tasks(self) -> list:
+    return funnel_tasks(self.ctx.tasks_for(self.cfg), self.cfg.rsr.families, self.cfg.rsr.max_tasks, self.name)
 
   def describe(self):
     m = self.manifest
@@ -391,9 +396,7 @@ class RolloutPhase(Phase):
   def _sampler_delta(self) -> dict:
     """The samplers' prompt work since the previous step, summed over every process's sampler: tokens
     prefilled, tokens whose keys came from the prefix cache (the episode's earlier turns) and the reused share."""
-    st = getattr(self.ctx.sampler, "stats", None)
-    now = (st.prefill_tokens, st.reused_tokens) if st is not None else (0, 0)
-    prev = getattr(self, "_sampler_prev", (0, 0))
+    now, prev = self._sampler_counts(), self._sampler_prev
     self._sampler_prev = now
     total = multihost.sum_counts({"prefill_tokens": now[0] - prev[0], "reused_prompt_tokens": now[1] - prev[1]})
     pre, reused = total["prefill_tokens"], total["reused_prompt_tokens"]
@@ -404,6 +407,11 @@ class RolloutPhase(Phase):
     self._executor = cf.ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-rollouts")
     self._ahead = None  # (step, future): the next step's rollouts, started before this step's update
     self._setup_rollouts(actor_params, step)
+    self._sampler_prev = self._sampler_counts()  # the sampler is shared: earlier phases' and evaluations' work
+
+  def _sampler_counts(self) -> tuple[int, int]:
+    st = getattr(self.ctx.sampler, "stats", None)
+    return (st.prefill_tokens, st.reused_tokens) if st is not None else (0, 0)
 
   def close(self):
     if getattr(self, "_ahead", None) is not None:  # stopped early (preemption, an error): abort the next step's

@@ -130,6 +130,11 @@ def test_metrics_jsonl_has_every_field(run):
   assert sum(r["reused_prompt_tokens"] for r in rpr) > 0
   assert all(r["prompt_reuse"] == r["reused_prompt_tokens"] / (r["reused_prompt_tokens"] + r["prefill_tokens"])
              for r in rpr if r["prefill_tokens"])
+  # the sampler is shared by every phase and evaluation: a phase's first step counts only its own prompt work
+  # (steps of 4-5 one-turn episodes; a step may include the next step's episodes started ahead of it)
+  for phase in ("rpr1", "rpr2"):
+    work = [r["prefill_tokens"] + r["reused_prompt_tokens"] for r in recs if r["phase"] == phase]
+    assert 0 < work[0] <= 3 * max(work[1:]), (phase, work)
   sft = [r for r in recs if r["kind"] == "rsr"]
   assert all(r["nll_per_token"] > 0 and r["actor_grad_norm"] > 0 and r["skipped_updates"] == 0 for r in sft)
 
