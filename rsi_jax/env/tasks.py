@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import hashlib
 import json
 import logging
 import os
@@ -481,3 +482,8 @@ def rewrite_dockerfile(text: str, image_map: Mapping[str, str], is_local: Callab
         stages.add(alias.group(1).lower())
     out.append(line)
   return "".join(out), changes
+
+
+def tasks_digest(tasks) -> str:
+  """Which tasks (by name, in order): a changed task pool changes it."""
+  return hashlib.sha256("\n".join(t.name for t in tasks).encode()).hexdigest()[:16]

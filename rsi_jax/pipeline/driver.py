@@ -43,6 +43,7 @@ from rsi_jax.config import (REPO_ROOT, Config, ConfigError, _deep_merge, _to_pla
 from rsi_jax.models.checkpoint import join, local_or_url, params_digest, resolve_checkpoint
 from rsi_jax.pipeline import multihost
 from rsi_jax.pipeline.phases import PHASES, InvariantError, PhaseState, RunContext, pool_key
+from rsi_jax.env.tasks import tasks_digest
 
 LINEAGE = "lineage.json"
 PREVIOUS, INIT = "previous", "init"
@@ -161,7 +162,7 @@ def preflight(cfg: Config, cli_overrides: Sequence[str] = (), num_devices: int |
           resolve_checkpoint(src)
         except FileNotFoundError as e:
           raise PreflightError(f"pipeline.{src_key}.{spec.name}: {e}") from None
-  for tasks_dir in sorted({s.cfg.env.tasks_dir for s in plan}):
+  for tasks_dir in sorted({s.cfg.env.tasks_dir for s in plan} | {cfg.env.tasks_dir}):
     try:
       load_tasks(tasks_dir)
     except TaskError as e:
@@ -488,6 +489,12 @@ class Driver:
         train = train._replace(critic=None)
       state = PhaseState(train, seed=int(meta["seed"]), cursor=int(meta["cursor"]), data=meta.get("data_state"))
       started_from, start_digest = meta["started_from"], meta.get("critic_digest_at_start")
+      pool = tasks_digest(ctx.tasks_for(cfg))
+      if meta.get("tasks_digest", pool) != pool:  # the cursor / Q_clean belong to the other pool's order
+        raise PreflightError(f"{spec.name}: its checkpoint at step {latest} was trained on another task pool "
+                             f"(digest {meta['tasks_digest']}) than env.tasks_dir / env.max_tasks now give "
+                             f"({pool}, {len(ctx.tasks_for(cfg))} tasks): restore them, or remove "
+                             f"{ckpts.step_dir(latest)} and the phase's later checkpoints to start it anew")
       self.console.line(f"[{spec.name}] resuming after step {latest} ({ckpts.step_dir(latest)})")
     else:
       actor_p, actor_src = self._actor_start(ctx, spec, index, prev, mem)
@@ -523,7 +530,7 @@ class Driver:
       return {"phase": spec.name, "seed": state.seed, "cursor": state.cursor, "data_state": state.data,
               "started_from": started_from,
               "critic_digest_at_start": start_digest, "reward_table_digest": phase.reward_digest(),
-              "config_digest": config_digest(cfg)}
+              "config_digest": config_digest(cfg), "tasks_digest": tasks_digest(ctx.tasks_for(cfg))}
 
     def full(train):  # what a checkpoint of this phase holds: the carried critic too
       return train if phase.uses_critic else train._replace(critic=carried)

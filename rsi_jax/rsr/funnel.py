@@ -22,6 +22,7 @@ import numpy as np
 from etils import epath
 
 from rsi_jax.env.harness import ChatHarness, Segment
+from rsi_jax.env.tasks import tasks_digest
 from rsi_jax.policy import FINISH_LENGTH, FINISH_REJECTED, SamplingParams
 from rsi_jax.rl.batch import Sample, episode_samples, save_samples
 from rsi_jax.rl.outcome_table import outcome_row
@@ -251,7 +252,7 @@ def _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episode
             executions, outcomes) -> FunnelResult:
   r = cfg.rsr
   manifest = {
-      "policy": label, "tasks": len(tasks), "input_actor_digest": input_digest,
+      "policy": label, "tasks": len(tasks), "tasks_digest": tasks_digest(tasks), "input_actor_digest": input_digest,
       "settings": {"harnesses": list(r.harnesses), "target_harness": r.target_harness,
                    "discovery_attempts": r.discovery_attempts, "num_runbooks": r.num_runbooks,
                    "num_repeats": r.num_repeats, "judge": bool(r.judge), "families": list(r.families)},

@@ -28,11 +28,11 @@ ARGS = ["--config=configs/smoke.yml", "pipeline.phases=[rsr1, rpr1]", "rollout.d
         "pipeline.critic_only_steps=1", "pipeline.checkpoint_every=1"]
 
 
-def _start(out: Path, name: str) -> subprocess.Popen:
+def _start(out: Path, name: str, *extra: str) -> subprocess.Popen:
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
              PYTHONUNBUFFERED="1")
   return subprocess.Popen([sys.executable, "-m", "rsi_jax.train", *ARGS, f"run.output_dir={out}",
-                           f"run.name={name}"], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                           f"run.name={name}", *extra], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
 
 
@@ -85,10 +85,21 @@ def runs(tmp_path_factory, docker_client):
   # killed inside RPR-1
   rc, term_out, _ = _signal_after(_start(out, "b"), b, "rsr1", 2, signal.SIGTERM)
   preempted_at = max(r["step"] for r in _records(b) if r["phase"] == "rsr1")
+  # resuming with another task pool is refused (the checkpoint's data order belongs to its pool), changing nothing
+  other = _start(out, "b", "env.max_tasks=1")
+  other_out, other_err = other.communicate(timeout=600)
   rc_kill, _, _ = _signal_after(_start(out, "b"), b, "rpr1", 2, signal.SIGKILL)
   b_out, _ = _finish(_start(out, "b"))
   return {"out": out, "a_out": a_out, "a_err": a_err, "term_rc": rc, "term_out": term_out,
-          "preempted_at": preempted_at, "kill_rc": rc_kill, "b_out": b_out}
+          "preempted_at": preempted_at, "kill_rc": rc_kill, "b_out": b_out,
+          "other_pool": (other.returncode, other_out + other_err)}
+
+
+def test_resuming_on_another_task_pool_is_refused(runs):
+  rc, out = runs["other_pool"]
+  assert rc != 0
+  assert re.search(r"rsr1: its checkpoint at step \d+ was trained on another task pool \(digest [0-9a-f]{16}\) "
+                   r"than env\.tasks_dir / env\.max_tasks now give \([0-9a-f]{16}, 1 tasks\)", out), out[-3000:]
 
 
 def test_sigterm_writes_a_checkpoint_and_exits_0(runs):
