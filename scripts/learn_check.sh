@@ -16,15 +16,9 @@ bash scripts/build_base_image.sh bookworm
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 name="learn_check_s$seed"
 suite="runs/${name}_tasks"
-"$py" scripts/make_learn_tasks.py "$suite" --seed "$seed" --base 24
-# the seed's run file: configs/learn_check.yml with this suite's splits (written here rather than given as
+# the suite and the seed's run file: configs/learn_check.yml with this suite's splits (a run file rather than
 # key=value, which would win over the Base phase's own env.tasks_dir)
-cat > "$suite/run.yml" <<EOF
-base_config: $root/configs/learn_check.yml
-env: {tasks_dir: $suite/train}
-eval: {tasks_dir: $suite/heldout}
-pipeline: {phase_overrides: {rsr0: {env: {tasks_dir: $suite/base}}}}
-EOF
+"$py" scripts/make_learn_tasks.py "$suite" --seed "$seed" --base 24 --run-file configs/learn_check.yml
 start=$(date +%s)
 "$py" -m rsi_jax.train --config="$suite/run.yml" "run.name=$name" "run.seed=$seed" "$@"
 "$py" scripts/learn_check_table.py "runs/$name" --wall-seconds $(( $(date +%s) - start ))

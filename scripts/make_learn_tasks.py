@@ -1,14 +1,15 @@
 """Write the learning check's generated task suite (rsi_jax.env.learn_tasks): OUT/train, OUT/heldout (and
-OUT/base, the warm start's demonstrations, with --base N).
+OUT/base, the warm start's demonstrations, with --base N), and with --run-file CONFIG a run file OUT/run.yml
+over CONFIG that names the splits (the Base phase rsr0 learns from the base split).
 
 Usage: .venv/bin/python scripts/make_learn_tasks.py OUT [--seed 0] [--train 24] [--heldout 4] [--base 0]
-       [--templates a,b]
+       [--templates a,b] [--run-file configs/learn_check.yml]
 """
 
 import argparse
 import sys
 
-from rsi_jax.env.learn_tasks import make_suite
+from rsi_jax.env.learn_tasks import make_suite, write_run_file
 
 
 def main(argv=None):
@@ -18,6 +19,7 @@ def main(argv=None):
   ap.add_argument("--train", type=int, default=24, help="train tasks per template")
   ap.add_argument("--heldout", type=int, default=4, help="held-out tasks per template")
   ap.add_argument("--base", type=int, default=0, help="base (warm-start demonstration) tasks per template")
+  ap.add_argument("--run-file", default="", help="write OUT/run.yml over this config, naming the splits")
   ap.add_argument("--templates", default="", help="comma-separated template names (default: all)")
   a = ap.parse_args(argv)
   try:
@@ -29,6 +31,8 @@ def main(argv=None):
     return 2
   for k, v in paths.items():
     print(f"{k}: {v} ({len(list(v.iterdir()))} tasks)")
+  if a.run_file:
+    print(f"run file: {write_run_file(paths, a.run_file, f'{a.out}/run.yml')}")
   return 0
 
 

@@ -226,3 +226,15 @@ def make_suite(out_dir, *, seed: int = 0, train_per_template: int = 24, heldout_
        "templates": [t.name for t in TEMPLATES if not templates or t.name in templates],
        **{k: [task_name(t, p) for t, p in v] for k, v in parts.items()}}, indent=1) + "\n")
   return paths
+
+
+def write_run_file(paths: dict[str, Path], config: str | Path, out: str | Path) -> Path:
+  """A run file over ``config`` (e.g. configs/learn_check.yml) that trains on the suite's train split,
+  evaluates on its held-out split and gives the Base phase (``rsr0``) the base split, when there is one."""
+  lines = [f"base_config: {Path(config).resolve()}", f"env: {{tasks_dir: {paths['train']}}}",
+           f"eval: {{tasks_dir: {paths['heldout']}}}"]
+  if "base" in paths:
+    lines.append(f"pipeline: {{phase_overrides: {{rsr0: {{env: {{tasks_dir: {paths['base']}}}}}}}}}")
+  out = Path(out)
+  out.write_text("\n".join(lines) + "\n")
+  return out

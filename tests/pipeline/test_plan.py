@@ -204,14 +204,11 @@ def test_defaults_cpu_run_fits_the_machine():
 
 
 def test_shipped_configs_pass_preflight(tmp_path):
-  from rsi_jax.env.learn_tasks import make_suite
+  from rsi_jax.env.learn_tasks import make_suite, write_run_file
   shutil.copytree(CONFIG_DIR, tmp_path / "configs")
   # what learn_check.sh writes: a suite and a run file over configs/learn_check.yml naming its splits
   suite = make_suite(tmp_path / "learn", train_per_template=1, heldout_per_template=1, base_per_template=1)
-  run_file = tmp_path / "learn" / "run.yml"
-  run_file.write_text(f"base_config: {CONFIG_DIR / 'learn_check.yml'}\nenv: {{tasks_dir: {suite['train']}}}\n"
-                      f"eval: {{tasks_dir: {suite['heldout']}}}\n"
-                      f"pipeline: {{phase_overrides: {{rsr0: {{env: {{tasks_dir: {suite['base']}}}}}}}}}\n")
+  run_file = write_run_file(suite, CONFIG_DIR / "learn_check.yml", tmp_path / "learn" / "run.yml")
   for f in sorted(CONFIG_DIR.glob("*.yml")):
     cfg = load_config(run_file if f.name == "learn_check.yml" else f, [f"run.output_dir={tmp_path}"])
     plan = preflight(cfg, num_devices=4)
