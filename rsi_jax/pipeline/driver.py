@@ -463,7 +463,7 @@ class Driver:
       if pool_key(spec.cfg) != pool_key(cfg):
         self.console.line(f"[{spec.name}] its own task pool: {len(pools[pool_key(spec.cfg)])} tasks from "
                           f"{spec.cfg.env.tasks_dir}")
-    return RunContext(cfg, mesh, actor, critic, tok, ChatRenderer(tok), pool, tasks, self.run_dir, pools=pools)
+    return RunContext(cfg, mesh, actor, critic, tok, ChatRenderer(tok), pool, pools, self.run_dir)
 
   # ------------------------------------------------------------------------------------------ phases
 

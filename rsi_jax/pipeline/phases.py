@@ -59,17 +59,16 @@ class RunContext:
   tokenizer: object
   renderer: object
   pool: object  # rsi_jax.env.EnvPool
-  tasks: list  # the run's task pool (env.tasks_dir, env.max_tasks)
+  pools: dict  # (env.tasks_dir, env.max_tasks) -> tasks: every phase's task pool
   run_dir: str
   sampler: object = None  # rsi_jax.sampler.server.SamplerServer, created with the first weights it serves
   actor_version: int = 0  # the sampler's version number of the weights last handed to it
   eval_suite: tuple | None = None  # (tasks, frozen strata) of eval.tasks_dir, loaded at the first evaluation
   _served: object = None  # the weights last handed to the sampler
-  pools: dict = dataclasses.field(default_factory=dict)  # (env.tasks_dir, env.max_tasks) -> tasks, every phase's
 
   def tasks_for(self, cfg) -> list:
     """The task pool of a phase whose config is ``cfg`` (a phase may set its own env.tasks_dir / max_tasks)."""
-    return self.pools[pool_key(cfg)] if self.pools else self.tasks
+    return self.pools[pool_key(cfg)]
 
   def serve(self, actor_params, wait: bool = True):
     """Hand ``actor_params`` to the sampler (creating it on first use) as a new weight version; ``wait``:
