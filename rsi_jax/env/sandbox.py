@@ -338,7 +338,7 @@ def reap_containers(client, run_id: str | None = None) -> int:
   """Remove every container labelled by rsi_jax (or by one run). Returns how many were removed."""
   label = LABEL_RUN if run_id is None else f"{LABEL_RUN}={run_id}"
   n = 0
-  for c in client.containers.list(all=True, filters={"label": label}):
+  for c in client.containers.list(all=True, filters={"label": label}, ignore_removed=True):
     try:
       c.remove(force=True)
       n += 1
@@ -362,7 +362,7 @@ def reap_orphans(client) -> int:
   left behind. Containers owned by live processes or other hosts are kept."""
   n = 0
   me = socket.gethostname()
-  for c in client.containers.list(all=True, filters={"label": LABEL_RUN}):
+  for c in client.containers.list(all=True, filters={"label": LABEL_RUN}, ignore_removed=True):
     labels = c.labels or {}
     try:
       pid = int(labels.get(LABEL_PID, "0"))
@@ -386,7 +386,7 @@ def prune_task_images(client, keep_latest: bool = True) -> list[str]:
   """Remove task images (``rsi-task-<name>:<content hash>``) no container uses: with ``keep_latest`` all
   but the newest of each task (the ones of earlier task versions and base images), else all of them.
   Returns the removed tags."""
-  in_use = {c.image.id for c in client.containers.list(all=True)}
+  in_use = {c.image.id for c in client.containers.list(all=True, ignore_removed=True)}
   by_task: dict[str, list] = {}
   for img in client.images.list():
     for tag in img.tags:
@@ -451,7 +451,8 @@ class DockerSandbox:
           hostname="sandbox", stdin_open=False, tty=False)
     except docker.errors.DockerException as e:
       # A create that failed half way may still have left a container behind.
-      for c in self.client.containers.list(all=True, filters={"label": f"{LABEL_EPISODE}={self.episode_id}"}):
+      for c in self.client.containers.list(all=True, filters={"label": f"{LABEL_EPISODE}={self.episode_id}"},
+                                                ignore_removed=True):
         c.remove(force=True)
       raise SandboxError(CREATE_FAILED, f"{self.task_name}: {e}") from None
     with _LIVE_LOCK:

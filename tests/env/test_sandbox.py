@@ -236,6 +236,37 @@ def test_reaper_removes_containers_of_dead_runs(docker_client, run_id):
         pass
 
 
+def test_reaper_tolerates_a_container_removed_while_it_lists(docker_client, run_id):
+  """Another run on the host removes one of its containers between the reaper's listing and its look at that
+  container (seen when two runs share a daemon): the reaper carries on. The removal is real; only its
+  timing is arranged, by removing the container just before the client inspects it."""
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  labels = {LABEL_RUN: run_id, LABEL_HOST: socket.gethostname(), LABEL_PID: str(dead.pid)}
+  first, second = (docker_client.containers.run("rsi-base", ["sleep", "60"], detach=True, network_mode="none",
+                                                labels=labels) for _ in range(2))
+  inspect = docker_client.api.inspect_container
+  removed = []
+
+  def remove_then_inspect(cid, *a, **k):
+    if not removed and cid in (first.id, second.id):
+      docker_client.api.remove_container(cid, force=True)  # the other run's cleanup, just in time
+      removed.append(cid)
+    return inspect(cid, *a, **k)
+
+  docker_client.api.inspect_container = remove_then_inspect
+  try:
+    assert reap_orphans(docker_client) >= 1
+    assert removed and _gone(docker_client, first.id) and _gone(docker_client, second.id)
+  finally:
+    docker_client.api.inspect_container = inspect
+    for c in (first, second):
+      try:
+        c.remove(force=True)
+      except docker.errors.NotFound:
+        pass
+
+
 def test_commands_that_set_errexit_keep_their_result_under_load(box):
   """A command that turns on `set -euo pipefail` (as many solution scripts do) and ends at once: the shell's
   own bookkeeping after it must not die with it (a race with the watchdog's start under CPU load made
