@@ -20,5 +20,12 @@ suite="runs/${name}_tasks"
 # key=value, which would win over the Base phase's own env.tasks_dir)
 "$py" scripts/make_learn_tasks.py "$suite" --seed "$seed" --base 24 --run-file configs/learn_check.yml
 start=$(date +%s)
-"$py" -m rsi_jax.train --config="$suite/run.yml" "run.name=$name" "run.seed=$seed" "$@"
-"$py" scripts/learn_check_table.py "runs/$name" --wall-seconds $(( $(date +%s) - start ))
+rc=0
+"$py" -m rsi_jax.train --config="$suite/run.yml" "run.name=$name" "run.seed=$seed" "$@" || rc=$?
+wall=$(( $(date +%s) - start ))
+if [ "$rc" -ne 0 ]; then
+  # say so rather than end quietly (the table below still shows the stages that were evaluated, if any)
+  echo "[learn_check] rsi_jax.train exited with status $rc after ${wall}s" >&2
+fi
+"$py" scripts/learn_check_table.py "runs/$name" --wall-seconds "$wall" || [ "$rc" -ne 0 ]
+exit "$rc"
