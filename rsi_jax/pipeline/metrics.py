@@ -21,6 +21,7 @@ PLOTS = {
     "success_mean": "strict success (mean over used episodes)",
     "turns_mean": "turns per episode",
     "value/explained_variance": "critic explained variance",
+    "advantage_abs_mean": "RPR: mean |advantage| over generated tokens",
     "mismatch/abs_mean": "train-inference |log-prob gap|",
     "nll_per_token": "RSR: SFT NLL per generated token",
     "value/value_loss": "critic value loss",

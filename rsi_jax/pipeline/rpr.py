@@ -267,9 +267,20 @@ class RPRTrainer:
     metrics.update(token_version_metrics(np.asarray(prep["old_logp"]), batch, version),
                    updates=len(updates) - metrics["skipped_updates"] - metrics["empty_updates"],
                    **{"value/explained_variance": float(ev)}, **packing,
-                   advantage_mean=float(masked_token_mean(prep["advantages"], batch.gen_mask)),
+                   **advantage_scale(np.asarray(prep["advantages"]), batch.gen_mask),
                    return_mean=float(masked_token_mean(prep["returns"], batch.gen_mask)))
     return state, metrics
+
+
+def advantage_scale(adv: np.ndarray, gen_mask: np.ndarray) -> dict:
+  """The step's advantages over the generated tokens: ``advantage_mean``, ``advantage_abs_mean`` (the size of
+  the policy-gradient signal: with unnormalized TB-GAE it is |reward − value| scale, 0 when every reward is
+  predicted) and ``advantage_std``; 0 when there is no generated token."""
+  a = adv[np.asarray(gen_mask) > 0].astype(np.float64)
+  if a.size == 0:
+    return {"advantage_mean": 0.0, "advantage_abs_mean": 0.0, "advantage_std": 0.0}
+  return {"advantage_mean": float(a.mean()), "advantage_abs_mean": float(np.abs(a).mean()),
+          "advantage_std": float(a.std())}
 
 
 def token_version_metrics(train_logp: np.ndarray, batch: TrajectoryBatch, version: int | None) -> dict:

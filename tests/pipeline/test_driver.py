@@ -158,7 +158,7 @@ def test_plots_are_pngs(run):
   _, result, run_dir = run
   names = sorted(Path(p).name for p in result["plot_files"])
   assert {"reward_mean.png", "success_mean.png", "turns_mean.png", "value_explained_variance.png",
-          "mismatch_abs_mean.png", "nll_per_token.png"} <= set(names)
+          "mismatch_abs_mean.png", "nll_per_token.png", "advantage_abs_mean.png"} <= set(names)
   for n in names:
     assert (run_dir / "plots" / n).read_bytes()[:4] == b"\x89PNG"
 

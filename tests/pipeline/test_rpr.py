@@ -71,6 +71,12 @@ def test_critic_only_then_joint(trainer):
   prep = tr.prepare(TrainState(a_host, None, c_host), batch)
   ev = explained_variance(prep["old_values"], prep["returns"], batch.gen_mask)
   assert m["value/explained_variance"] == pytest.approx(float(ev), abs=1e-6)
+  # the advantage scale over the generated tokens (the policy-gradient signal's size), from the same prep
+  adv = np.asarray(prep["advantages"])[g].astype(np.float64)
+  assert adv.std() > 0
+  assert m["advantage_abs_mean"] == pytest.approx(float(np.abs(adv).mean()), rel=1e-5)
+  assert m["advantage_std"] == pytest.approx(float(adv.std()), rel=1e-5)
+  assert m["advantage_mean"] == pytest.approx(float(adv.mean()), rel=1e-5, abs=1e-7)
 
   state = tr.start_actor(state)
   c1 = jax.device_get(state.critic)
