@@ -105,6 +105,7 @@ class EvalReport:
 
 
 def _attempt_record(res, task, run: int, tries: int) -> dict:
+  from rsi_jax.env.harness import TURN_SUMMARY
   o = res.outcome
   return {"task": task.name, "family": task.family, "run": run, "success": o.success,
           "passed": o.passed, "total": o.total,
@@ -112,7 +113,22 @@ def _attempt_record(res, task, run: int, tries: int) -> dict:
           "state": o.state.value, "reason": o.reason, "turns": len(res.turns), "prompt_tokens": res.prompt_tokens,
           "generated_tokens": res.generated_tokens, "stop_reason": res.stop_reason,
           "infra_failure": res.infra_failure, "failure_kind": res.failure_kind, "error": res.error,
-          "tries": tries, "episode_id": res.episode_id, "seconds": round(res.total_s, 2)}
+          "tries": tries, "episode_id": res.episode_id, "seconds": round(res.total_s, 2),
+          # what the agent did, to read why an attempt failed: each turn's command (cut) or malformed action
+          "actions": [_action(t) for t in res.turns if t.kind != TURN_SUMMARY]}
+
+
+ACTION_CHARS = 300  # per action in attempts.jsonl
+
+
+def _action(turn) -> str:
+  if turn.command is not None:
+    text = turn.command
+  elif turn.error:
+    text = f"<malformed: {turn.error}> {turn.text}"
+  else:
+    text = "<done>" if turn.done else turn.text
+  return text if len(text) <= ACTION_CHARS else text[:ACTION_CHARS] + "..."
 
 
 def evaluate(pool, tasks, harness_factory, repeats: int, *, infra_retries: int = 0, strata: dict | None = None,

@@ -46,6 +46,27 @@ def test_immediate_done_scores_nothing(pool_and_tasks):
   m = rep.metrics()
   assert m["mean_at_r"] == 0.0 and m["pass_at_r"] == 0.0 and m["infra_failures"] == 0
   assert m["process_reward"] < 1.0
+  assert [e["actions"] for e in rep.episodes] == [["<done>"], ["<done>"]]
+
+
+def test_attempt_records_say_what_the_agent_did(pool_and_tasks):
+  """attempts.jsonl keeps each turn's action (a command, cut at ACTION_CHARS, or the malformed text and why),
+  so a failed attempt can be read without rerunning it."""
+  from rsi_jax.env import JsonHarness, ScriptedPolicy
+  from rsi_jax.eval.run import ACTION_CHARS
+  from rsi_jax.models import ChatRenderer, load_tokenizer
+  from rsi_jax.policy import SamplingParams
+  pool, tasks = pool_and_tasks
+  tok = load_tokenizer()
+  long = "echo " + "x" * 400
+  replies = ['{"command": "ls /app"}', "not json", '{"command": "' + long + '", "done": true}']
+  factory = lambda: JsonHarness(ScriptedPolicy(tok, replies), ChatRenderer(tok),  # noqa: E731
+                                SamplingParams(max_new_tokens=256), max_turns=3)
+  (e,) = evaluate(pool, tasks[:1], factory, repeats=1).episodes
+  assert e["success"] == 0 and len(e["actions"]) == 3
+  assert e["actions"][0] == "ls /app"
+  assert e["actions"][1].startswith("<malformed: ") and e["actions"][1].endswith("> not json")
+  assert e["actions"][2] == long[:ACTION_CHARS] + "..."
 
 
 def test_bad_arguments(pool_and_tasks):
