@@ -238,3 +238,41 @@ def write_run_file(paths: dict[str, Path], config: str | Path, out: str | Path) 
   out = Path(out)
   out.write_text("\n".join(lines) + "\n")
   return out
+
+
+FAILURE_MODES = ("wrong arguments", "other command", "malformed", "no command")
+
+
+def reference_command(task_dir: str | Path) -> str:
+  """The one command of a task's reference solution (the last line of ``solution/solve.sh``)."""
+  lines = [x.strip() for x in (Path(task_dir) / "solution" / "solve.sh").read_text().splitlines()]
+  return [x for x in lines if x and not x.startswith("#")][-1]
+
+
+def failure_mode(actions: Sequence[str], reference: str) -> str:
+  """Why a failed one-command attempt failed, from its first action (an evaluation attempt record's
+  ``actions``): ``wrong arguments`` (the reference's program, e.g. ``mkdir`` for ``mkdir -p /app/a/b``, with
+  other arguments), ``other command`` (another program: a template the actor does not know, or confused),
+  ``malformed`` (no valid JSON action) or ``no command`` (declared done or said nothing runnable)."""
+  if not actions or actions[0] in ("<done>", ""):
+    return "no command"
+  first = actions[0]
+  if first.startswith("<malformed"):
+    return "malformed"
+  words = first.split()
+  return "wrong arguments" if words and words[0] == reference.split()[0] else "other command"
+
+
+def failure_modes(records: Sequence[dict], tasks_dir: str | Path) -> dict[str, int]:
+  """Counts of :data:`FAILURE_MODES` over the failed, scored attempts of ``records`` (``attempts.jsonl``
+  rows) on the tasks of ``tasks_dir``; attempts that succeeded or were infrastructure failures are not
+  counted."""
+  refs: dict[str, str] = {}
+  out = dict.fromkeys(FAILURE_MODES, 0)
+  for r in records:
+    if r["success"] or r["infra_failure"]:
+      continue
+    if r["task"] not in refs:
+      refs[r["task"]] = reference_command(Path(tasks_dir) / r["task"])
+    out[failure_mode(r.get("actions", []), refs[r["task"]])] += 1
+  return out

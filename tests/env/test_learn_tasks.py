@@ -49,6 +49,25 @@ def test_suite_folders_load(tmp_path):
     make_suite(tmp_path, templates=["nope"])
 
 
+def test_failed_attempts_are_told_apart_by_their_first_action(tmp_path):
+  """The learning check's failure modes: a failed attempt's first action against its task's reference
+  command (read from the generated solve.sh)."""
+  from rsi_jax.env.learn_tasks import failure_mode, failure_modes, reference_command, write_task
+  d = write_task(tmp_path, BY_NAME["make-dir"], ("beta", "gamma"))
+  assert reference_command(d) == "mkdir -p /app/beta/gamma"
+  ref = "mkdir -p /app/beta/gamma"
+  assert failure_mode(["mkdir -p /app/gamma/beta\n"], ref) == "wrong arguments"
+  assert failure_mode(["wc -l < /app/beta.txt"], ref) == "other command"
+  assert failure_mode(['<malformed: no JSON object found> mk'], ref) == "malformed"
+  assert failure_mode(["<done>"], ref) == "no command" and failure_mode([], ref) == "no command"
+  rec = lambda actions, success=0, infra=False: {"task": d.name, "success": success, "infra_failure": infra,  # noqa: E731
+                                                 "actions": actions}
+  records = [rec(["mkdir -p /app/beta/gamma"], success=1), rec(["mkdir /app/x"]), rec(["mkdir /app/y"]),
+             rec(["echo hi"]), rec([], infra=True), rec(["<malformed: x> y"])]
+  assert failure_modes(records, tmp_path) == {"wrong arguments": 2, "other command": 1, "malformed": 1,
+                                              "no command": 0}
+
+
 @pytest.mark.docker
 @pytest.mark.slow
 def test_oracle_solves_both_splits_and_doing_nothing_solves_none(tmp_path, docker_client, settings, tokenizer,
@@ -65,3 +84,45 @@ def test_oracle_solves_both_splits_and_doing_nothing_solves_none(tmp_path, docke
     idle = pool.run([(t, nothing) for t in tasks])
   assert [(r.task, r.outcome.reason) for r in oracle if r.success != 1] == []
   assert [r.task for r in idle if r.success != 0 or r.infra_failure] == []
+
+
+def test_learn_check_table_prints_the_stages_and_their_failure_modes(tmp_path):
+  """scripts/learn_check_table.py on a run folder with two evaluated stages: the table, the failure modes
+  from the attempts' actions against the run's evaluation suite, and learn_check.json."""
+  import subprocess
+  import sys
+
+  import yaml
+
+  from rsi_jax.config import REPO_ROOT
+  from rsi_jax.env.learn_tasks import write_task
+  suite = tmp_path / "heldout"
+  d = write_task(suite, BY_NAME["write-word"], ("alpha", "lemon"))
+  run = tmp_path / "run"
+  (run / "eval").mkdir(parents=True)
+  (run / "config.yml").write_text(yaml.safe_dump({"eval": {"tasks_dir": str(suite)}}))
+  (run / "lineage.json").write_text(json.dumps([{"phase": "rsr0"}]))
+  for phase, step, actions, ok in (("base", 0, ["<malformed: no JSON object found> x"], 0),
+                                   ("rsr0", 120, ["echo tomato > /app/alpha.txt"], 0),
+                                   ("rsr0", 120, ["echo lemon > /app/alpha.txt"], 1)):
+    out = run / "eval" / phase / str(step)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "attempts.jsonl", "a") as f:
+      f.write(json.dumps({"task": d.name, "success": ok, "infra_failure": False, "actions": actions}) + "\n")
+    n = len((out / "attempts.jsonl").read_text().splitlines())
+    wins = sum(json.loads(x)["success"] for x in (out / "attempts.jsonl").read_text().splitlines())
+    (out / "summary.json").write_text(json.dumps({"mean_at_r": 100.0 * wins / n, "pass_at_r": 100.0 * (wins > 0),
+                                                  "runs": n, "n_tasks": 1, "infra_failures": 0}))
+  p = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "learn_check_table.py"), str(run),
+                      "--wall-seconds", "90"], capture_output=True, text=True, timeout=120)
+  assert p.returncode == 0, p.stderr
+  lines = p.stdout.splitlines()
+  assert lines[0] == f"held-out strict success (1 tasks x 1) -- {run}"
+  assert lines[2].split() == ["init", "(random)", "0.0", "0.0", "0"]
+  assert lines[3].split() == ["Base", "(SFT", "warm", "start)", "50.0", "100.0", "0"]
+  assert "wall time 1.5 min" in p.stdout
+  modes = {ln.split("  ")[0].strip(): [int(x) for x in ln.split()[-4:]] for ln in lines if ln.startswith(("init", "Base"))
+           and len(ln.split()) >= 4 and "." not in ln}
+  assert modes == {"init (random)": [0, 0, 1, 0], "Base (SFT warm start)": [1, 0, 0, 0]}
+  saved = json.loads((run / "learn_check.json").read_text())
+  assert [s["failures"]["wrong arguments"] for s in saved["stages"]] == [0, 1] and saved["wall_seconds"] == 90
