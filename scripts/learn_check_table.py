@@ -2,6 +2,8 @@
 
 Usage: .venv/bin/python scripts/learn_check_table.py RUN_DIR [--wall-seconds S] [--start-label TEXT]
 Reads <RUN_DIR>/eval/<phase>/<last step>/summary.json; prints the table and writes <RUN_DIR>/learn_check.json.
+When the attempts record the agent's actions and the run's evaluation suite (eval.tasks_dir) is still there,
+it also counts why each stage's failed attempts failed (rsi_jax.env.learn_tasks.failure_modes).
 """
 
 import argparse
