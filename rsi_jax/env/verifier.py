@@ -14,8 +14,9 @@ Order of operations in the episode's container, once the agent's last command ha
    and the pytest guard (:mod:`rsi_jax.env.pytest_guard`);
 4. run the test script with a fixed environment (no agent variables, a PATH with the system directories
    first, no user site-packages, the working directory never on Python's path (``PYTHONSAFEPATH``), on-disk
-   byte-code ignored (a fresh ``PYTHONPYCACHEPREFIX``), the guard loaded into every pytest session) under the
-   verifier timeout, its whole process group killed at the timeout;
+   byte-code ignored (a fresh ``PYTHONPYCACHEPREFIX``), the guard loaded into every pytest session, and, in a
+   container without a network, apt fetches not retried: :data:`APT_OFFLINE_CONF`) under the verifier
+   timeout, its whole process group killed at the timeout;
 5. read ``/logs/verifier/ctrf.json``, the terminal gate (``reward.txt``; Terminal-Bench 1: the script's exit
    status and ``parser_name: pytest`` — every collected test passed) and the guard's session records into a
    :class:`rsi_jax.rl.ctrf.VerificationOutcome`. A pytest session that started but did not finish normally
@@ -62,6 +63,11 @@ GUARD_LIB = "/logs/.rsi-guard-lib"
 GUARD_MODULE = "rsi_pytest_guard"
 SYSTEM_SITE = "/usr/lib/python3/dist-packages"
 GUARD_SOURCE = Path(__file__).with_name("pytest_guard.py")
+# With the network off, apt's fetches can only fail, and apt retries each one with back-off (3 retries since apt
+# 2.3: an offline `apt-get update`, which upstream verifier scripts start with, takes ~8 s instead of ~0.6 s).
+# The verifier of a container without a network reads this file too (APT_CONFIG; apt.conf.d still applies).
+APT_OFFLINE_CONF = f"{GUARD_LIB}/apt-offline.conf"
+APT_OFFLINE = b'Acquire::Retries "0";\n'
 NORMAL_EXIT = (0, 1)  # pytest: all passed / some tests failed; anything else did not finish normally
 
 # What the verifier's own execution depends on; any change here (added, changed or deleted) is tampering:
@@ -183,12 +189,16 @@ def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0) -> VerifierRun:
   guard = {f"{GUARD_LIB}/{GUARD_MODULE}.py": GUARD_SOURCE.read_bytes()}
   if sandbox.exec_raw(["/bin/bash", "-c", f"[[ -d {SYSTEM_SITE} ]]"], timeout_s=30).exit_code == 0:
     guard[f"{SYSTEM_SITE}/{GUARD_MODULE}.py"] = guard[f"{GUARD_LIB}/{GUARD_MODULE}.py"]
+  if sandbox.network == "none":
+    guard[APT_OFFLINE_CONF] = APT_OFFLINE
   sandbox.put_files(guard)
   # 4. The test script, with a fixed environment.
   env = {**task.verifier_env, "PATH": task.verifier_env.get("PATH", VERIFIER_PATH), "TEST_DIR": TESTS_DIR, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
          "PYTHONSAFEPATH": "1", "PYTHONPYCACHEPREFIX": f"/tmp/.rsi-pycache-{nonce}", "PYTHONPATH": GUARD_LIB,
          "PYTEST_PLUGINS": GUARD_MODULE, "RSI_GUARD_NONCE": nonce, "RSI_GUARD_DIR": GUARD_DIR,
          **OFFLINE_ENV}  # pip / uv install what the build fetched, from the image, with the network off
+  if sandbox.network == "none":
+    env.setdefault("APT_CONFIG", APT_OFFLINE_CONF)
   workdir = (sandbox.container.attrs.get("Config") or {}).get("WorkingDir") or "/"
   if uv_installer(task) is not None:  # the script's uv installer step, satisfied from the image (verifier_deps)
     sandbox.exec_raw(["/bin/bash", "-c", uv_preseed_script()], timeout_s=30)

@@ -290,3 +290,30 @@ def test_tb1_script_without_pytest_is_read_from_its_summary(tmp_path, docker_cli
   assert ok.success == 1 and (ok.outcome.passed, ok.outcome.total) == (1, 1), ok.verifier_output[-800:]
   nothing = run_episode(task, agent(tokenizer, renderer, []), docker_client, settings)
   assert nothing.success == 0 and (nothing.outcome.passed, nothing.outcome.total) == (0, 1)
+
+
+def test_offline_verifier_does_not_retry_apt(tmp_path, docker_client, settings, tokenizer, renderer):
+  """Upstream verifier scripts start with `apt-get update`; in a container without a network every fetch
+  fails, and apt's default retries with back-off (1 + 2 + 4 s) made that one line take ~8 s of a ~10 s
+  verification. The verifier runs apt with retries off (its own config file, APT_CONFIG); the agent's apt is
+  left as the image has it."""
+  import re
+  import shutil
+
+  from rsi_jax.env.tasks import load_task
+
+  from .conftest import FIXTURES
+  d = tmp_path / "tb1-apt"
+  shutil.copytree(FIXTURES / "tb1-word-sum", d)
+  (d / "run-tests.sh").write_text(
+      "#!/bin/bash\ns=$(date +%s%N); apt-get update >/dev/null 2>&1; e=$(date +%s%N)\n"
+      "echo \"apt-update-ms $(( (e - s) / 1000000 ))\"\napt-config dump | grep '^Acquire::Retries ' || true\n"
+      "echo '=============== short test summary info ==============='\necho 'PASSED apt_check'\n")
+  task = load_task(d)
+  probe = "apt-config dump | grep -c '^Acquire::Retries \"0\"' || true"
+  r = run_episode(task, agent(tokenizer, renderer, [probe]), docker_client, settings)
+  assert r.success == 1, r.verifier_output[-800:]
+  assert 'Acquire::Retries "0";' in r.verifier_output
+  ms = int(re.search(r"apt-update-ms (\d+)", r.verifier_output).group(1))
+  assert ms < 5000, r.verifier_output[-800:]  # with retries: > 7,000 (the back-off alone)
+  assert json.loads(r.turns[0].observation)["output"] == "0\n"  # the agent's apt: untouched
