@@ -38,7 +38,7 @@ from rsi_jax.pipeline.rollouts import RolloutPolicy, TaskOrder, collect, derive_
 from rsi_jax.policy import SamplingParams
 from rsi_jax.rl.batch import Sample, assemble_batch, episode_samples, load_samples
 from rsi_jax.rl.metrics import combine_pass_metrics
-from rsi_jax.rl.outcome_table import outcome_row
+from rsi_jax.rl.outcome_table import EPISODE_TIMES, outcome_row
 
 
 class InvariantError(RuntimeError):
@@ -482,6 +482,7 @@ class RolloutPhase(Phase):
         prompt_rejected=sum(e.stop_reason == "context_exhausted" for e in eps),
         generated_tokens=gen_tokens, tokens_per_s=gen_tokens / max(t_roll, 1e-9),
         weight_version=version, rollout_seconds=t_roll, train_seconds=t_train,
+        **{f"episode_{k[:-2]}_seconds": _mean([getattr(e, k) for e in eps]) for k in EPISODE_TIMES},
         rollout_wait_seconds=t1 - t0, step_seconds=time.time() - t0, **self._sampler_delta())
     m["staleness"] = m["staleness/max"]
     return dataclasses.replace(state, train=train), m

@@ -119,14 +119,19 @@ class OutcomeTable:
         f.write(json.dumps(r) + "\n")
 
 
+EPISODE_TIMES = ("start_s", "agent_s", "verify_s", "total_s")  # EpisodeResult's timings, in outcome rows
+
+
 def outcome_row(step: int, episode, reward: float | None = None) -> dict:
   """One row of a phase's ``outcomes.jsonl`` (what :meth:`OutcomeTable.from_rows` reads) for an
-  :class:`~rsi_jax.env.pool.EpisodeResult`: its verification state, S, P and N, turns, and the reward it was
-  trained with (RSR discovery trains on no reward: the row has none)."""
+  :class:`~rsi_jax.env.pool.EpisodeResult`: its verification state, S, P and N, turns, the reward it was
+  trained with (RSR discovery trains on no reward: the row has none) and where its wall time went (seconds:
+  container start, agent, verifier, the whole episode), to find the tasks that slow a rollout step down."""
   o = episode.outcome
   row = {"step": int(step), "task": episode.task, "family": episode.family, "state": o.state.value,
          "success": int(o.success or 0), "valid": bool(o.report_valid), "passed": int(o.passed or 0),
-         "total": int(o.total or 0), "turns": len(episode.turns)}
+         "total": int(o.total or 0), "turns": len(episode.turns),
+         **{k: round(float(getattr(episode, k)), 3) for k in EPISODE_TIMES}}
   if reward is not None:
     row["reward"] = float(reward)
   return row

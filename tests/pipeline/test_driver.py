@@ -271,6 +271,13 @@ def test_oversampling_accounting(run):
   _, _, run_dir = run
   recs = [r for r in _rows(run_dir / "metrics.jsonl") if r["kind"] != "rsr"]
   assert all(r["episodes_started"] == r["episodes"] + r["aborted_episodes"] for r in recs)
+  # where the used episodes' time went: each step's means are those of its rows in outcomes.jsonl
+  for r in recs:
+    rows = [o for o in _rows(run_dir / "phases" / r["phase"] / "outcomes.jsonl") if o["step"] == r["step"]]
+    assert len(rows) == r["episodes"]
+    for k in ("start", "agent", "verify", "total"):
+      assert r[f"episode_{k}_seconds"] == pytest.approx(np.mean([o[f"{k}_s"] for o in rows]), abs=1e-3)
+    assert all(o["total_s"] >= o["start_s"] + o["agent_s"] + o["verify_s"] > 0 for o in rows)
   assert all(r["aborted_episodes"] == 1 for r in recs if r["kind"] == "rpr")
   seed = [r for r in recs if r["kind"] == "critic_seed"]
   assert all(r["aborted_episodes"] == 0 for r in seed)  # the critic seed runs each task, no oversampling
