@@ -271,21 +271,26 @@ def test_pytest_summary_reads_as_tb1_does():
   assert pytest_summary("PASSED test_a\n") == []  # no summary header: nothing
 
 
-def test_tb1_script_without_pytest_is_read_from_its_summary(tmp_path, docker_client, settings, tokenizer, renderer):
-  """A TB1 script that runs no pytest (a build tool's test run, as TB1's polyglot adapter does) and prints a
-  pytest-style summary: S follows the summary, as TB1's parser reads it; nothing done -> FAILED -> S = 0."""
+def _tb1_with_script(tmp_path, script: str):
+  """The tb1-word-sum fixture task with its run-tests.sh replaced by ``script``."""
   import shutil
 
   from rsi_jax.env.tasks import load_task
 
   from .conftest import FIXTURES
-  d = tmp_path / "tb1-summary"
+  d = tmp_path / "tb1-script"
   shutil.copytree(FIXTURES / "tb1-word-sum", d)
-  (d / "run-tests.sh").write_text(
-      "#!/bin/bash\nset -uo pipefail\n[ \"$(cat /app/sum.txt 2>/dev/null)\" = 108 ]\nrc=$?\n"
-      "echo '=============== short test summary info ==============='\n"
-      "if [ $rc -eq 0 ]; then echo 'PASSED sum_check'; else echo 'FAILED sum_check'; fi\nexit $rc\n")
-  task = load_task(d)
+  (d / "run-tests.sh").write_text(script)
+  return load_task(d)
+
+
+def test_tb1_script_without_pytest_is_read_from_its_summary(tmp_path, docker_client, settings, tokenizer, renderer):
+  """A TB1 script that runs no pytest (a build tool's test run, as TB1's polyglot adapter does) and prints a
+  pytest-style summary: S follows the summary, as TB1's parser reads it; nothing done -> FAILED -> S = 0."""
+  task = _tb1_with_script(tmp_path, "#!/bin/bash\nset -uo pipefail\n[ \"$(cat /app/sum.txt 2>/dev/null)\" = 108 ]\n"
+                          "rc=$?\necho '=============== short test summary info ==============='\n"
+                          "if [ $rc -eq 0 ]; then echo 'PASSED sum_check'; else echo 'FAILED sum_check'; fi\n"
+                          "exit $rc\n")
   ok = run_episode(task, OracleHarness(), docker_client, settings)
   assert ok.success == 1 and (ok.outcome.passed, ok.outcome.total) == (1, 1), ok.verifier_output[-800:]
   nothing = run_episode(task, agent(tokenizer, renderer, []), docker_client, settings)
@@ -298,18 +303,10 @@ def test_offline_verifier_does_not_retry_apt(tmp_path, docker_client, settings, 
   verification. The verifier runs apt with retries off (its own config file, APT_CONFIG); the agent's apt is
   left as the image has it."""
   import re
-  import shutil
-
-  from rsi_jax.env.tasks import load_task
-
-  from .conftest import FIXTURES
-  d = tmp_path / "tb1-apt"
-  shutil.copytree(FIXTURES / "tb1-word-sum", d)
-  (d / "run-tests.sh").write_text(
-      "#!/bin/bash\ns=$(date +%s%N); apt-get update >/dev/null 2>&1; e=$(date +%s%N)\n"
-      "echo \"apt-update-ms $(( (e - s) / 1000000 ))\"\napt-config dump | grep '^Acquire::Retries ' || true\n"
-      "echo '=============== short test summary info ==============='\necho 'PASSED apt_check'\n")
-  task = load_task(d)
+  task = _tb1_with_script(tmp_path, "#!/bin/bash\ns=$(date +%s%N); apt-get update >/dev/null 2>&1; e=$(date +%s%N)\n"
+                          "echo \"apt-update-ms $(( (e - s) / 1000000 ))\"\n"
+                          "apt-config dump | grep '^Acquire::Retries ' || true\n"
+                          "echo '=============== short test summary info ==============='\necho 'PASSED apt_check'\n")
   probe = "apt-config dump | grep -c '^Acquire::Retries \"0\"' || true"
   r = run_episode(task, agent(tokenizer, renderer, [probe]), docker_client, settings)
   assert r.success == 1, r.verifier_output[-800:]
