@@ -54,8 +54,7 @@ class CpuMeter:
 
   def __init__(self):
     self.samples, self._stop = [], threading.Event()
-    self.ok = Path("/proc/stat").exists()
-    if self.ok:
+    if Path("/proc/stat").exists():
       threading.Thread(target=self._run, daemon=True).start()
 
   @staticmethod
@@ -75,7 +74,7 @@ class CpuMeter:
   def cores(self, a: float, z: float) -> float | None:
     ts = [t for t, _ in self.samples]
     i, j = bisect.bisect_left(ts, a), bisect.bisect_right(ts, z) - 1
-    if not self.ok or j <= i:
+    if j <= i:  # (no samples: not Linux)
       return None
     (t0, b0), (t1, b1) = self.samples[i], self.samples[j]
     return (b1 - b0) / (t1 - t0)
@@ -91,11 +90,10 @@ def run_once(staleness: int, steps: int, extra: list[str], out: str, name: str) 
         f"pipeline.rollout_steps={steps}", "pipeline.critic_only_steps=0", f"pipeline.checkpoint_every={steps}",
         f"rollout.max_staleness={staleness}", *extra]
   cfg = load_config(REPO / "configs" / "smoke.yml", ov)
-  times, used, spans = [], [], []
+  used, spans = [], []
   meter = CpuMeter()
 
   def on_step(phase, step, m):
-    times.append(time.perf_counter())
     used.append(m["episodes"])
     now = time.time()  # this step: waiting for its rollouts, then learning
     spans.append((now - m["step_seconds"], now - m["step_seconds"] + m["rollout_wait_seconds"], now))
@@ -108,8 +106,8 @@ def run_once(staleness: int, steps: int, extra: list[str], out: str, name: str) 
     Driver(cfg, ov, console=Quiet(progress=False), on_step=on_step).run()
   finally:
     meter.stop()
-  dt = times[-1] - times[0]
-  return {"trajectories_per_s": sum(used[1:]) / dt, "seconds": dt, "steps": len(times) - 1,
+  dt = spans[-1][2] - spans[0][2]
+  return {"trajectories_per_s": sum(used[1:]) / dt, "seconds": dt, "steps": len(spans) - 1,
           "cores": meter.cores(spans[1][0], spans[-1][2]),
           "cores_waiting": _mean(meter.cores(a, b) for a, b, _ in spans[1:] if b - a > 0.5),
           "cores_learning": _mean(meter.cores(b, z) for _, b, z in spans[1:] if z - b > 0.5)}
@@ -124,21 +122,20 @@ def main():
   ap.add_argument("--steps", type=int, default=5)
   ap.add_argument("--repeats", type=int, default=1)
   args, extra = ap.parse_known_args()
-  res, cpu = {0: [], 1: []}, {0: [], 1: []}
+  res = {0: [], 1: []}  # max_staleness -> run_once's results, one per round
   with tempfile.TemporaryDirectory() as out:
     for r in range(args.repeats):
       for s in (0, 1) if r % 2 == 0 else (1, 0):
         x = run_once(s, args.steps, extra, out, f"s{s}-{r}")
-        res[s].append(x["trajectories_per_s"])
-        cpu[s].append(x)
+        res[s].append(x)
         print(f"round {r} max_staleness={s}: {x['trajectories_per_s']:.3f} trajectories/s over {x['steps']} "
               f"steps ({x['seconds']:.1f}s); busy cores {_cores(x['cores'])} of {os.cpu_count()} (waiting "
               f"for rollouts {_cores(x['cores_waiting'])}, learning {_cores(x['cores_learning'])})", flush=True)
-  sync, ahead = statistics.median(res[0]), statistics.median(res[1])
+  sync, ahead = (statistics.median(x["trajectories_per_s"] for x in res[s]) for s in (0, 1))
   print(f"\nRPR step throughput (smoke config, {args.steps - 1} steps after the first, median of "
         f"{args.repeats}): synchronous {sync:.3f} traj/s, one batch ahead {ahead:.3f} traj/s -> "
         f"{ahead / sync:.2f}x")
-  busy = _mean(x["cores"] for x in cpu[0])
+  busy = _mean(x["cores"] for x in res[0])
   if busy is not None:  # overlap only helps where the synchronous steps leave cores idle
     print(f"The synchronous steps kept {busy:.2f} of {os.cpu_count()} cores busy (rollouts: the sampler, Docker "
           f"and the containers; learning: the update): {os.cpu_count() - busy:.2f} idle for the overlap to use")

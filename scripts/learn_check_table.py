@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rsi_jax.env.learn_tasks import FAILURE_MODES, failure_modes
 from rsi_jax.eval.report import run_stages
+from rsi_jax.pipeline.metrics import read_jsonl
 
 LABELS = {"base": "init (random)", "rsr0": "Base (SFT warm start)", "rsr1": "RSR-1", "critic_seed": "critic seed",
           "rpr1": "RPR-1"}
@@ -30,10 +31,7 @@ def _heldout_dir(run: Path) -> Path | None:
 
 def _failures(stage_dir: Path, heldout: Path | None) -> dict | None:
   """Failure modes of the stage's attempts (None without the suite or the attempts' actions)."""
-  att = stage_dir / "attempts.jsonl"
-  if heldout is None or not att.exists():
-    return None
-  recs = [json.loads(x) for x in att.read_text().splitlines() if x.strip()]
+  recs = read_jsonl(stage_dir / "attempts.jsonl") if heldout is not None else []
   if not recs or any("actions" not in r for r in recs):
     return None
   return failure_modes(recs, heldout)

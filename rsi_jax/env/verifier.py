@@ -189,7 +189,8 @@ def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0) -> VerifierRun:
   guard = {f"{GUARD_LIB}/{GUARD_MODULE}.py": GUARD_SOURCE.read_bytes()}
   if sandbox.exec_raw(["/bin/bash", "-c", f"[[ -d {SYSTEM_SITE} ]]"], timeout_s=30).exit_code == 0:
     guard[f"{SYSTEM_SITE}/{GUARD_MODULE}.py"] = guard[f"{GUARD_LIB}/{GUARD_MODULE}.py"]
-  if sandbox.network == "none":
+  offline = sandbox.network == "none"
+  if offline:
     guard[APT_OFFLINE_CONF] = APT_OFFLINE
   sandbox.put_files(guard)
   # 4. The test script, with a fixed environment.
@@ -197,7 +198,7 @@ def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0) -> VerifierRun:
          "PYTHONSAFEPATH": "1", "PYTHONPYCACHEPREFIX": f"/tmp/.rsi-pycache-{nonce}", "PYTHONPATH": GUARD_LIB,
          "PYTEST_PLUGINS": GUARD_MODULE, "RSI_GUARD_NONCE": nonce, "RSI_GUARD_DIR": GUARD_DIR,
          **OFFLINE_ENV}  # pip / uv install what the build fetched, from the image, with the network off
-  if sandbox.network == "none":
+  if offline:
     env.setdefault("APT_CONFIG", APT_OFFLINE_CONF)
   workdir = (sandbox.container.attrs.get("Config") or {}).get("WorkingDir") or "/"
   if uv_installer(task) is not None:  # the script's uv installer step, satisfied from the image (verifier_deps)
