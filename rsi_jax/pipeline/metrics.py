@@ -3,15 +3,19 @@
 One record per phase step: ``{"phase", "kind", "step", "global_step", "time", <metric>: float, ...}``.
 TensorBoard scalars are tagged ``<phase>/<metric>`` at the run's global step (steps of all phases in order);
 plots (``plots/<metric>.png``) show each phase's raw points and a causal mean of up to five.
-On resume the records of steps that are about to be redone (after the restored checkpoint) are dropped, so
-the file holds each step once.
+On resume the records of steps that are about to be redone (after the restored checkpoint) are dropped from
+``metrics.jsonl`` and ``eval/metrics.jsonl``, and TensorBoard is told to hide their events (a purge step), so
+each step is recorded once. A file whose last line was cut by a kill mid-write is repaired before anything is
+appended to it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
+import uuid
 
 from etils import epath
 
@@ -45,6 +49,19 @@ def read_jsonl(path) -> list[dict]:
   return out
 
 
+def _repair_cut_line(path):
+  """A JSON-lines file whose last line was cut (no final newline: a kill mid-write) loses that line, so the next
+  record starts on a line of its own instead of being glued to the cut one."""
+  path = epath.Path(path)
+  if not path.exists():
+    return
+  text = path.read_text()
+  if text and not text.endswith("\n"):
+    head, _, cut = text.rpartition("\n")
+    logging.warning("%s: dropping its last line, cut by an interrupted write (%d bytes)", path, len(cut))
+    path.write_text(head + "\n" if head else "")
+
+
 def causal_mean(ys: list[float], window: int = SMOOTH) -> list[float]:
   """y'_i = mean(y_{max(0, i-window+1)} .. y_i), ignoring NaNs (NaN only if the whole window is)."""
   out = []
@@ -61,15 +78,27 @@ class MetricLogger:
   def __init__(self, run_dir: str, *, tensorboard: bool = True, writes: bool = True):
     self.dir = epath.Path(run_dir)
     self.path = self.dir / "metrics.jsonl"
+    self.eval_path = self.dir / "eval" / "metrics.jsonl"
     self.writes = writes
     self.records: list[dict] = read_jsonl(self.path)
+    if writes:
+      for f in (self.path, self.eval_path):
+        _repair_cut_line(f)
     self._tb = None
-    if tensorboard and writes:
+    self._tensorboard = tensorboard and writes
+
+  def _writer(self):
+    """TensorBoard's writer, opened on first use; its first event tells TensorBoard to hide the events of an
+    earlier attempt at the global steps from here on (they are being redone)."""
+    if self._tb is None and self._tensorboard:
       from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(str(self.dir / "tensorboard"), flush_secs=10)
+      self._tb = SummaryWriter(str(self.dir / "tensorboard"), flush_secs=10, purge_step=len(self.records) + 1,
+                               filename_suffix=f".{uuid.uuid4().hex[:8]}")  # two attempts in one second: two files
+    return self._tb
 
   def truncate(self, phase_order: list[str], phase: str, step: int):
-    """Drop the records after ``phase`` step ``step`` (and of later phases): they are about to be redone."""
+    """Drop the records after ``phase`` step ``step`` (and of later phases), and the in-training evaluations
+    after that step of ``phase``: they are about to be redone."""
     rank = {p: i for i, p in enumerate(phase_order)}
     keep = [r for r in self.records if rank.get(r["phase"], -1) < rank[phase]
             or (r["phase"] == phase and r["step"] <= step)]
@@ -77,17 +106,26 @@ class MetricLogger:
       self.records = keep
       if self.writes:
         self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+      if self._tb is not None:  # reopened at the next record: the purge step follows the records kept
+        self._tb.close()
+        self._tb = None
+    if self.writes and self.eval_path.exists():
+      evals = read_jsonl(self.eval_path)
+      kept = [r for r in evals if not (r["phase"] == phase and r["step"] > step)]
+      if len(kept) != len(evals):
+        self.eval_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
   def log(self, phase: str, kind: str, step: int, metrics: dict) -> dict:
     rec = {"phase": phase, "kind": kind, "step": int(step), "global_step": len(self.records) + 1,
            "time": round(time.time(), 3)}
     for k, v in metrics.items():
       rec[k] = _plain(v)
+    tb = self._writer()  # before the record counts: the purge step is this record's global step
     self.records.append(rec)
     if self.writes:
       with self.path.open("a") as f:
         f.write(json.dumps(rec) + "\n")
-    if self._tb is not None:
+    if tb is not None:
       for k, v in rec.items():
         if k not in ("phase", "kind", "step", "global_step", "time") and isinstance(v, (int, float)) \
             and not isinstance(v, bool) and v is not None:
@@ -101,11 +139,10 @@ class MetricLogger:
            "time": round(time.time(), 3), **{k: _plain(v) for k, v in metrics.items()}}
     if not self.writes:
       return rec
-    path = self.dir / "eval" / "metrics.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
+    self.eval_path.parent.mkdir(parents=True, exist_ok=True)
+    with self.eval_path.open("a") as f:
       f.write(json.dumps(rec) + "\n")
-    if self._tb is not None:
+    if self._writer() is not None:
       for k, v in metrics.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
           self._tb.add_scalar(f"eval/{suite}/{k}", float(v), rec["global_step"])
