@@ -325,6 +325,9 @@ class EnvConfig:
   # rsi_jax.env.tasks.DEFAULT_IMAGE_MAP (ubuntu, debian, python, buildpack-deps, Terminal-Bench -> the family)
   image_map: dict = dataclasses.field(default_factory=dict)
   docker_hosts: tuple = ()  # () = the local daemon (DOCKER_HOST or the default socket)
+  # while every endpoint is down, an episode waits this long for one to answer again, then fails with
+  # rsi_jax.env.pool.AllEndpointsDown (a dead endpoint's episodes are run again on a live one)
+  endpoint_wait_s: float = 120.0
   concurrency: int = 4
   network: str = "none"
   command_timeout_s: float = 60.0
@@ -343,6 +346,7 @@ class EnvConfig:
 
   def validate(self, p):
     _check(self.concurrency > 0, f"{p}.concurrency", f"must be > 0, got {self.concurrency}")
+    _check(self.endpoint_wait_s >= 0, f"{p}.endpoint_wait_s", f"must be >= 0, got {self.endpoint_wait_s}")
     _check(self.max_tasks >= 0, f"{p}.max_tasks", f"must be >= 0 (0 = all), got {self.max_tasks}")
     _check(self.network in ("none", "host", "bridge"), f"{p}.network",
            f"must be none/host/bridge, got {self.network!r}")
