@@ -9,7 +9,7 @@ at the evaluation sampling (``eval.temperature`` 0.6, ``eval.top_p`` 0.95, ``eva
 reference solutions with ``--harness=oracle`` — and prints Mean@R, pass@R (over scored attempts, and with
 infrastructure failures as failures), process reward, strict completions, per-difficulty and per-stratum
 results. ``--output`` writes ``summary.json`` and ``attempts.jsonl``. Exit status 0 when it ran (whatever
-the score), 2 for a bad config or argument.
+the score), 2 for a bad config or argument, or a checkpoint that does not restore as written (one line).
 """
 
 from __future__ import annotations
@@ -35,10 +35,14 @@ def main(argv):
   setup_logging(cfg.run.log_level)
   from rsi_jax.env.tasks import TaskError
   from rsi_jax.eval.run import evaluate_config
+  from rsi_jax.models.checkpoint import CheckpointError
   try:
     report = evaluate_config(cfg, harness=_HARNESS.value or cfg.eval.harness,
                              repeats=_REPEATS.value or cfg.eval.repeats, checkpoint=_CHECKPOINT.value,
                              task_names=_TASKS.value, tasks_dir=_TASKS_DIR.value)
+  except CheckpointError as e:  # corrupted, unreadable or of another model size
+    print(f"cannot load checkpoint: {e}", file=sys.stderr)
+    return 2
   except (TaskError, FileNotFoundError) as e:
     print(f"cannot evaluate: {e}", file=sys.stderr)
     return 2

@@ -12,7 +12,8 @@ Tensors keep the dtype they were trained in. ``config.json`` is written by trans
 ``save_params_to_path``), which MaxText's ``load_parameters_path`` reads (e.g. to decode with MaxText).
 
 ``DIR`` is a checkpoint (``runs/<run>/checkpoints/<phase>/<step>``) or a phase folder (its newest step);
-``--config`` defaults to the run's own ``config.yml`` found above the checkpoint.
+``--config`` defaults to the run's own ``config.yml`` found above the checkpoint. Exit status 2, with one
+line, for a checkpoint that does not restore as written (corrupted, unreadable, of another model size).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import jax
@@ -118,11 +120,15 @@ def main(argv=None):
     ap.error("give --out (HF folder) and/or --maxtext-out (MaxText checkpoint)")
   from rsi_jax.config import load_config
   from rsi_jax.models.actor import Actor
-  from rsi_jax.models.checkpoint import restore_params
+  from rsi_jax.models.checkpoint import CheckpointError, restore_params
   from rsi_jax.models.mesh import build_mesh
   cfg = load_config(args.config or _run_config(args.checkpoint), overrides)
   actor = Actor(cfg, build_mesh(cfg))
-  params = restore_params(args.checkpoint, actor=actor.abstract_params)["actor"]
+  try:
+    params = restore_params(args.checkpoint, actor=actor.abstract_params)["actor"]
+  except CheckpointError as e:  # corrupted, unreadable or of another model: one line, nothing written
+    print(f"cannot load checkpoint: {e}", file=sys.stderr)
+    return 2
   if args.out:
     out = export_hf(params, cfg, args.out, int(getattr(actor.maxtext_config, "param_scan_axis", 1)))
     print(f"wrote {out}: {len(os.listdir(out))} files ({cfg.model.name}, "
@@ -132,4 +138,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -6,20 +6,29 @@ Layout: ``<checkpoint root>/<phase>/<step>/`` with the items
   so :func:`~rsi_jax.models.checkpoint.restore_params` reads a phase step folder too);
 * ``actor_opt``, ``critic_opt``: the optimizer states of the roles the phase trains (absent for a frozen role);
 * ``meta``: JSON — phase, step, the update counter, the phase RNG key, the rollout cursor, the reward-table
-  digest, which items the step holds.
+  digest, which items the step holds and each item's digest (``digests``: ``params_digest`` of each tree,
+  taken on device before the write starts).
 
 Writes are asynchronous (Orbax copies device arrays to host before ``save`` returns, then writes in the
 background); a step folder appears only once complete, so the newest step is always a whole checkpoint, even
-after SIGKILL. Paths go to Orbax unchanged: ``gs://...`` URLs work where the storage backend is installed.
+after SIGKILL. Restores are verified against the recorded digests (``CheckpointError`` otherwise, see
+:func:`rsi_jax.models.checkpoint.restore_verified`); :meth:`PhaseCheckpoints.restore_newest_intact` resumes
+from the newest step that passes. Paths go to Orbax unchanged: ``gs://...`` URLs work where the storage
+backend is installed.
 """
 
 from __future__ import annotations
 
+import time
+
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
-from rsi_jax.models.checkpoint import join, local_or_url
+from rsi_jax.models.checkpoint import (META, CheckpointError, item_digests, join, local_or_url, read_meta,
+                                       restore_verified)
 from rsi_jax.models.optim import TrainState, opt_state_shardings
+from rsi_jax.pipeline import multihost
 
 
 class PhaseCheckpoints:
@@ -42,27 +51,63 @@ class PhaseCheckpoints:
     return join(self.directory, str(step))
 
   def save(self, step: int, state: TrainState, meta: dict) -> str:
-    """Start writing ``state`` (params and optimizer states present in it) and ``meta`` as ``step``."""
-    items = {}
-    for name, tree in (("actor", state.actor), ("critic", state.critic), ("actor_opt", state.actor_opt),
-                       ("critic_opt", state.critic_opt)):
-      if tree is not None:
-        items[name] = ocp.args.StandardSave(tree)
-    meta = dict(meta, items=sorted(items), update=int(jax.device_get(state.step)))
-    items["meta"] = ocp.args.JsonSave(meta)
+    """Start writing ``state`` (params and optimizer states present in it) and ``meta`` as ``step``; the
+    items' digests go into ``meta`` (computed before the write starts)."""
+    trees = {name: tree for name, tree in (("actor", state.actor), ("critic", state.critic),
+                                           ("actor_opt", state.actor_opt), ("critic_opt", state.critic_opt))
+             if tree is not None}
+    items = {k: ocp.args.StandardSave(v) for k, v in trees.items()}
+    meta = dict(meta, items=sorted(items), update=int(jax.device_get(state.step)), digests=item_digests(trees))
+    items[META] = ocp.args.JsonSave(meta)
     self._mngr.save(step, args=ocp.args.Composite(**items), force=True)
     return self.step_dir(step)
 
   def read_meta(self, step: int) -> dict:
-    return dict(self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+    """``step``'s meta item; CheckpointError when it is missing or cannot be read."""
+    meta = read_meta(self.step_dir(step))
+    if meta is None or not isinstance(meta.get("items"), list):
+      raise CheckpointError(f"checkpoint {self.step_dir(step)}: item {META!r} is missing or names no items")
+    return meta
 
   def restore(self, step: int, targets: dict) -> tuple[dict, dict]:
     """Restore ``step``'s items onto ``targets`` (item name -> tree of ShapeDtypeStructs with shardings);
-    returns (trees, meta). Items the step does not hold are not requested."""
+    returns (trees, meta). Items the step does not hold are not requested. Every item is verified against
+    the digest recorded in ``meta`` (a step written before digests were recorded: a logged warning);
+    CheckpointError (one line: the step folder, the item, what differs) when one does not restore as
+    written."""
     meta = self.read_meta(step)
-    args = {k: ocp.args.StandardRestore(t) for k, t in targets.items() if k in meta["items"]}
-    out = self._mngr.restore(step, args=ocp.args.Composite(**args)) if args else {}
-    return {k: out[k] for k in args}, meta
+    wanted = {k: t for k, t in targets.items() if k in meta["items"]}
+    return restore_verified(self.step_dir(step), wanted, meta.get("digests")), meta
+
+  def restore_newest_intact(self, targets: dict) -> tuple[int | None, dict, dict, list[tuple[int, str]]]:
+    """Restore the newest step that restores and verifies (:meth:`restore`), trying steps newest first.
+
+    Returns ``(step, trees, meta, skipped)``: ``skipped`` lists ``(step, reason)`` for each newer step that
+    was refused (CheckpointError's one-line message). ``step`` is None (``trees`` and ``meta`` empty) when
+    no step passes, or the phase has none (then ``skipped`` is empty too)."""
+    skipped = []
+    for step in sorted(self.all_steps(), reverse=True):
+      try:
+        trees, meta = self.restore(step, targets)
+      except CheckpointError as e:
+        skipped.append((step, str(e)))
+        continue
+      return step, trees, meta, skipped
+    return None, {}, {}, skipped
+
+  def set_aside(self, step: int) -> str:
+    """Rename a refused step's folder to ``<step>.refused-<unix time>`` (kept for inspection, no longer a
+    step of this phase), so that the phase can write that step again. Returns the new path. Collective:
+    every process calls it (the first one renames)."""
+    def rename():
+      src = epath.Path(self.step_dir(step))
+      dst = src.parent / f"{step}.refused-{int(time.time())}"
+      src.rename(dst)
+      return str(dst)
+
+    dst = multihost.from_primary(rename)
+    self._mngr.reload()
+    return dst
 
   def wait(self):
     """Block until every started write is on storage."""
