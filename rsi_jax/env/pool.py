@@ -18,6 +18,7 @@ back, then raise :class:`AllEndpointsDown`.
 from __future__ import annotations
 
 import collections
+import contextlib
 import concurrent.futures as cf
 import dataclasses
 import logging
@@ -179,8 +180,10 @@ class EpisodeResult:
 
 
 def run_episode(task: Task, harness: Harness, client, settings: EnvSettings, *, episode_id: str = "",
-                endpoint: str = "") -> EpisodeResult:
-  """One episode of ``task`` under ``harness``; infrastructure failures are recorded, not raised."""
+                endpoint: str = "", abort: threading.Event | None = None) -> EpisodeResult:
+  """One episode of ``task`` under ``harness``; infrastructure failures are recorded, not raised. ``abort``: once
+  set, the container is removed at once (a running agent command or verification ends with it) and the
+  episode is counted as aborted."""
   t0 = time.time()
   episode_id = episode_id or uuid.uuid4().hex[:12]
   res = EpisodeResult(task.name, task.family, harness.name, settings.run_id, episode_id,
@@ -215,7 +218,7 @@ def run_episode(task: Task, harness: Harness, client, settings: EnvSettings, *, 
                         network=settings.network, output_cap_bytes=settings.output_cap_bytes,
                         command_timeout_s=settings.command_timeout_s,
                         disk_limit_bytes=task.storage_bytes or settings.disk_limit_bytes)
-    with box:
+    with box, _removed_on(abort, box):
       res.start_s = box.start_latency_s or 0.0
       if task.private_in_image:  # private files the build copied (TB1): gone before the agent starts
         rm = box.exec_raw(["/bin/rm", "-rf", "--", *task.private_in_image], timeout_s=60)
@@ -252,7 +255,33 @@ def run_episode(task: Task, harness: Harness, client, settings: EnvSettings, *, 
     res.outcome = verification_outcome(infra_error=res.error)
   finally:
     res.total_s = time.time() - t0
+  if abort is not None and abort.is_set() and res.infra_failure and res.failure_kind != ABORTED:
+    # what failed was the container the abort removed (a command or the verifier cut short)
+    res.failure_kind, res.error = ABORTED, f"aborted (container removed; {res.failure_kind}: {res.error})"
+    res.outcome = verification_outcome(infra_error=res.error)
   return res
+
+
+@contextlib.contextmanager
+def _removed_on(abort: threading.Event | None, box):
+  """While the block runs, a set ``abort`` removes ``box``'s container at once (polled every 0.1 s)."""
+  if abort is None:
+    yield
+    return
+  done = threading.Event()
+
+  def watch():
+    while not done.is_set():
+      if abort.wait(0.1):
+        box.close()
+        return
+  t = threading.Thread(target=watch, name="abort-watch", daemon=True)
+  t.start()
+  try:
+    yield
+  finally:
+    done.set()
+    t.join()
 
 
 def _endpoint_name(h: str) -> str:
@@ -464,13 +493,14 @@ class EnvPool:
     with self._cv:
       self._load[h] -= 1
 
-  def _one(self, task: Task, harness: Harness, episode_id: str) -> EpisodeResult:
+  def _one(self, task: Task, harness: Harness, episode_id: str, abort: threading.Event | None) -> EpisodeResult:
     retried_from: list[str] = []
     while True:
       h = self._acquire(episode_id)
       try:
         try:
-          r = run_episode(task, harness, self.clients[h], self.settings, episode_id=episode_id, endpoint=h)
+          r = run_episode(task, harness, self.clients[h], self.settings, episode_id=episode_id, endpoint=h,
+                          abort=abort)
         except Exception as e:  # noqa: BLE001 - keep the pool's accounting whole
           log.exception("%s: episode failed outside the sandbox", task.name)
           r = EpisodeResult(task.name, task.family, harness.name, self.settings.run_id, episode_id,
@@ -500,11 +530,13 @@ class EnvPool:
         self.counts[f"infra:{r.failure_kind or 'unknown'}"] += 1
     return r
 
-  def submit(self, task: Task, harness: Harness | Callable[[], Harness], episode_id: str = "") -> cf.Future:
+  def submit(self, task: Task, harness: Harness | Callable[[], Harness], episode_id: str = "",
+             abort: threading.Event | None = None) -> cf.Future:
     """Start one episode; the future's result is its :class:`EpisodeResult`. ``harness`` may be a factory
-    (a harness holds per-episode state only in ``run``, so one instance may also be shared)."""
+    (a harness holds per-episode state only in ``run``, so one instance may also be shared). ``abort``: set it
+    to stop the episode at once (:func:`run_episode`)."""
     h = harness() if callable(harness) and not isinstance(harness, Harness) else harness
-    return self._executor.submit(self._one, task, h, episode_id or uuid.uuid4().hex[:12])
+    return self._executor.submit(self._one, task, h, episode_id or uuid.uuid4().hex[:12], abort)
 
   def run(self, jobs: Iterable[tuple[Task, Harness | Callable[[], Harness]]]) -> list[EpisodeResult]:
     """Run (task, harness) jobs concurrently; results in job order."""

@@ -85,9 +85,10 @@ def collect(pool, jobs: list, used: int, *, deterministic: bool) -> tuple[list, 
   """Run ``jobs`` ((task, harness, abort event) triples, in request order) in ``pool``; return (the ``used``
   results, in request order, and how many episodes were stopped). Once ``used`` results are in (the first
   to finish, or with ``deterministic`` the first by request index), the others are stopped: not-started
-  ones are cancelled, running ones aborted (sampler request cancelled, container removed, no verification),
+  ones are cancelled, running ones aborted (sampler request cancelled, container removed: a running command
+  or verification ends with it),
   and waited for, so none is left behind."""
-  futs = [pool.submit(t, h) for t, h, _ in jobs]
+  futs = [pool.submit(t, h, abort=ev) for t, h, ev in jobs]  # an abort also ends a running command or verifier
   if deterministic:
     got = [f.result() for f in futs[:used]]
     keep = set(futs[:used])
