@@ -234,15 +234,16 @@ class RPRTrainer:
     rl, mesh = self.cfg.rl, self.actor.mesh
     prep = self.prepare(state, batch)
     trainable = prep.pop("trainable")
-    if 0 < len(trainable) < rl.minibatches:
-      raise ValueError(f"{len(trainable)} trainable samples do not split into rl.minibatches={rl.minibatches}")
+    # fewer trainable samples than rl.minibatches (a step with many infrastructure failures or stale episodes):
+    # one sample per minibatch, rather than stopping the run
+    minibatches = min(rl.minibatches, len(trainable)) or rl.minibatches
     ev = prep.pop("explained_variance")
     packing = {k: prep.pop(k) for k in list(prep) if k.startswith("packing/")}
     sample_arrays = {"tokens": batch.tokens, "gen_mask": batch.gen_mask, **prep}
     lengths = batch.segment_ids.sum(1)
     fn = self._joint_step if train_actor else self._critic_step
     order = np.random.default_rng(int(state.step)).permutation(trainable)
-    groups = [np.sort(g) for g in np.array_split(order, rl.minibatches)]
+    groups = [np.sort(g) for g in np.array_split(order, minibatches)]
     layouts = []
     for g in groups:
       plan = learner_passes(self.cfg, mesh, lengths, g)
@@ -266,6 +267,7 @@ class RPRTrainer:
     metrics["empty_updates"] = int(sum(u["empty"] for u in updates))  # no trainable token: no update
     metrics.update(token_version_metrics(np.asarray(prep["old_logp"]), batch, version),
                    updates=len(updates) - metrics["skipped_updates"] - metrics["empty_updates"],
+                   minibatches=minibatches,
                    **{"value/explained_variance": float(ev)}, **packing,
                    **advantage_scale(np.asarray(prep["advantages"]), batch.gen_mask),
                    return_mean=float(masked_token_mean(prep["returns"], batch.gen_mask)))
