@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from etils import epath
 
 from rsi_jax.eval.strata import STRATA
 
@@ -27,7 +28,7 @@ SUMMARY = "summary.json"
 
 def load_stage(path: str | Path) -> dict[str, dict]:
   """{suite: summary} of one stage folder (its own ``summary.json``, or one per sub-folder)."""
-  p = Path(path)
+  p = epath.Path(path)  # a local folder or an object-store URL (a gs:// run folder)
   files = [p / SUMMARY] if (p / SUMMARY).exists() else sorted(p.glob(f"*/{SUMMARY}"))
   if not files:
     raise FileNotFoundError(f"{p}: no {SUMMARY} (an evaluation folder of python -m rsi_jax.eval --output)")
@@ -44,7 +45,7 @@ def load_stage(path: str | Path) -> dict[str, dict]:
 def run_stages(run_dir: str | Path) -> list[tuple[str, Path]]:
   """(stage name, folder) of a training run's in-training evaluations: ``base`` first (when it exists),
   then each phase of ``lineage.json`` in order, its last evaluation."""
-  rd = Path(run_dir)
+  rd = epath.Path(run_dir)
   ev = rd / "eval"
   phases = []
   lineage = rd / "lineage.json"
@@ -134,7 +135,7 @@ def to_markdown(rep: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def plot(rep: dict, out_dir: Path) -> list[Path]:
+def plot(rep: dict, out_dir: epath.Path) -> list[epath.Path]:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -168,7 +169,7 @@ def plot(rep: dict, out_dir: Path) -> list[Path]:
   return files
 
 
-def _finish(plt, fig, ax, x, names, ylabel: str, title: str, path: Path) -> Path:
+def _finish(plt, fig, ax, x, names, ylabel: str, title: str, path: epath.Path) -> epath.Path:
   ax.set_xticks(x, names)
   ax.set_ylabel(ylabel)
   ax.set_ylim(-1, max(5.0, ax.get_ylim()[1]))  # percentages: from 0 (points at 0 stay visible), at least 5
@@ -176,14 +177,15 @@ def _finish(plt, fig, ax, x, names, ylabel: str, title: str, path: Path) -> Path
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path)
+  with path.open("wb") as f:  # through the path's own file system (an object store too)
+    fig.savefig(f, format="png")
   plt.close(fig)
   return path
 
 
 def write_report(stages: Sequence[tuple[str, dict[str, dict]]], out_dir: str | Path) -> dict:
   """report.md, report.json and the plots into ``out_dir``; returns the report's content."""
-  d = Path(out_dir)
+  d = epath.Path(out_dir)
   d.mkdir(parents=True, exist_ok=True)
   rep = build(stages)
   (d / "report.md").write_text(to_markdown(rep))
@@ -195,7 +197,7 @@ def write_report(stages: Sequence[tuple[str, dict[str, dict]]], out_dir: str | P
 def report_run(run_dir: str | Path, out_dir: str | Path | None = None) -> dict:
   """The report over a training run's phases (``<run>/eval/report/`` by default)."""
   stages = [(name, load_stage(path)) for name, path in run_stages(run_dir)]
-  return write_report(stages, out_dir or Path(run_dir) / "eval" / "report")
+  return write_report(stages, out_dir or epath.Path(run_dir) / "eval" / "report")
 
 
 def main(argv=None) -> int:

@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+from etils import epath
 
 from rsi_jax.config import Config
 from rsi_jax.eval.metrics import by_stratum, mean_at_r, pass_at_r, process_reward, strict_completions
@@ -79,8 +80,9 @@ class EvalReport:
     return m
 
   def write(self, output_dir: str | Path) -> Path:
-    """``summary.json`` and ``attempts.jsonl`` into ``output_dir`` (created)."""
-    d = Path(output_dir)
+    """``summary.json`` and ``attempts.jsonl`` into ``output_dir`` (created; a local folder or an object-store
+    URL)."""
+    d = epath.Path(output_dir)
     d.mkdir(parents=True, exist_ok=True)
     (d / "attempts.jsonl").write_text("".join(json.dumps(e, default=str) + "\n" for e in self.episodes))
     (d / "summary.json").write_text(json.dumps(self.summary(), indent=1, default=str) + "\n")

@@ -61,3 +61,39 @@ def test_resume_drops_redone_evaluations_and_purges_tensorboard(tmp_path):
   assert starts == [5]
   redone = [(ev.step, v.tag) for name, ev in events if name == files[1] for v in ev.summary.value]
   assert redone == [(5, "rpr1/reward_mean"), (5, "eval/tasks/mean_at_r")]
+
+
+def test_stage_report_of_an_object_store_run_folder_is_written_there(tmp_path, monkeypatch):
+  """A ``gs://`` run folder: the in-training evaluation summaries are read from it and the stage report is
+  written into it, not into a local ``./gs:/...`` folder. No object store is reachable here, so epath's own
+  test backend maps ``gs://bucket`` onto a local folder (a stand-in for the store only; the code under test
+  goes through the same path library it uses for a real bucket)."""
+  from etils import epath
+  from etils.epath import testing
+
+  from rsi_jax.eval.report import report_run
+  from tests.eval.test_report import summary
+
+  store = tmp_path / "bucket"
+  cwd = tmp_path / "cwd"
+  cwd.mkdir()
+  monkeypatch.chdir(cwd)
+
+  def local(fn, path, *a, **k):
+    return fn(str(path).replace("gs://bucket", str(store)), *a, **k)
+
+  def rename(fn, path, dst, *a, **k):
+    return fn(str(path).replace("gs://bucket", str(store)), str(dst).replace("gs://bucket", str(store)), *a, **k)
+  fns = {k: local for k in ("exists", "glob", "isdir", "listdir", "makedirs", "mkdir", "open", "remove", "rmtree",
+                            "stat", "walk")}
+  with testing.mock_epath(**fns, rename=rename, replace=rename):
+    run = epath.Path("gs://bucket/run")
+    for phase, mean in (("base", 10.0), ("rsr1", 30.0)):
+      (run / "eval" / phase / "2").mkdir(parents=True)
+      (run / "eval" / phase / "2" / "summary.json").write_text(json.dumps(summary("tasks", mean)))
+    (run / "lineage.json").write_text(json.dumps([{"phase": "rsr1", "output": "checkpoints/rsr1/2"}]))
+    rep = report_run("gs://bucket/run")
+  assert rep["stages"] == ["base", "rsr1"]
+  assert (store / "run" / "eval" / "report" / "report.md").read_text().startswith("# Evaluation report")
+  assert (store / "run" / "eval" / "report" / "progression.png").read_bytes()[:4] == b"\x89PNG"
+  assert list(cwd.iterdir()) == []  # nothing written under the current directory
