@@ -28,7 +28,7 @@ import dataclasses
 import itertools
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 
 import jax
 import numpy as np
@@ -40,7 +40,7 @@ from rsi_jax.sampler.engine import Engine, build_engine
 QWEN3_EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # a request is itself: the queue removes it by identity
 class _Request:
   prompt: np.ndarray  # (n,) int32, after any truncation
   params: P.SamplingParams
@@ -51,6 +51,8 @@ class _Request:
   version: int = 0  # weights that sampled the latest token
   tokens: list = dataclasses.field(default_factory=list)
   logprobs: list = dataclasses.field(default_factory=list)
+  # Set exactly once, under the server's lock, by whoever ends the request: a completion, cancel() or the
+  # close path. Only that one completes the future, so each future ends once.
   done: bool = False
   # paged engine only
   blocks: list = dataclasses.field(default_factory=list)  # KV pool block of each of its blocks, in order
@@ -177,7 +179,8 @@ class SamplerServer:
     return None if self.prompt_overflow == "truncate_left" else self.prompt_limit
 
   def submit(self, prompt_ids: Sequence[int], params: P.SamplingParams) -> Future:
-    """Queue one request; the future resolves to a :class:`~rsi_jax.policy.Completion`."""
+    """Queue one request; the future resolves to a :class:`~rsi_jax.policy.Completion`. Abort it with
+    :meth:`cancel` (which frees its slot); a bare ``future.cancel()`` leaves the request running to its end."""
     prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
     if prompt.size == 0:
       raise ValueError("empty prompt")
@@ -227,24 +230,26 @@ class SamplerServer:
   def cancel(self, future: Future) -> bool:
     """Abort the request behind ``future`` (an aborted episode): a queued request is dropped, a running one
     loses its slot at the next step. The future fails with :class:`concurrent.futures.CancelledError`.
-    Returns False if the request had already finished."""
+    Returns False if the request had already finished (or was cancelled before).
+
+    Finishing and cancelling both decide under the lock (the request's ``done`` flag), so exactly one of
+    them ends the future, even when the cancel lands while the request's last token is being recorded."""
     with self._cv:
-      for req in self._queue:
-        if req.future is future:
-          self._queue.remove(req)
-          req.done = True
-          future.cancel()
-          self.stats.cancelled += 1
-          return True
-      for slot, req in enumerate(self._slots):
-        if req is not None and req.future is future and not req.done:
-          req.done = True
-          self._cancelled_slots.append(slot)
-          future.cancel()
-          self.stats.cancelled += 1
-          self._cv.notify()
-          return True
-    return False
+      req = next((r for r in self._queue if r.future is future), None)
+      if req is not None:
+        self._queue.remove(req)
+      else:
+        slot = next((i for i, r in enumerate(self._slots) if r is not None and r.future is future), None)
+        if slot is None or self._slots[slot].done:
+          return False
+        req = self._slots[slot]
+        self._cancelled_slots.append(slot)  # the loop thread frees it (it owns the decode state)
+        self._cv.notify()
+      req.done = True
+      self.stats.cancelled += 1
+    future.cancel()  # outside the lock: the future's callbacks run here
+    future.set_running_or_notify_cancel()  # wakes wait() / as_completed() callers (as an executor does)
+    return True
 
   @property
   def in_flight(self) -> int:
@@ -327,12 +332,13 @@ class SamplerServer:
     with self._cv:
       self._closed = True
       err = self._error or RuntimeError("sampler closed")
-      for req in list(self._queue) + [r for r in self._slots if r is not None]:
-        if not req.done:
-          req.done = True
-          req.future.set_exception(RuntimeError(f"sampler stopped: {err!r}"))
+      ended = [r for r in list(self._queue) + [r for r in self._slots if r is not None] if not r.done]
+      for req in ended:
+        req.done = True  # a cancel() from now on finds them done
       self._queue.clear()
       self._cv.notify_all()
+    for req in ended:
+      _resolve(req.future, error=RuntimeError(f"sampler stopped: {err!r}"))
 
   def _busy(self) -> bool:
     return any(r is not None for r in self._slots)
@@ -473,31 +479,29 @@ class SamplerServer:
     self._tables[slot] = self.engine.kv_blocks
     self._tables_dev = None
 
-  def _finish_slot(self, slot: int, req: _Request):
-    self._release_slot(slot, req, finished=True)
-
   def _record(self, result, snapshot, version, admitted=()):
     """Host side of one engine call ((steps, S) results): ``snapshot`` (request per slot), ``version`` as at
     dispatch, and the first tokens of the requests admitted just before it. A request's tokens after the one
     that finished it are discarded."""
     tokens, logprobs, first = jax.device_get((result.tokens, result.logprobs,
                                               [(tok, lp) for _, _, tok, lp in admitted]))
+    # ``req.done`` is read without the lock here: a request seen running may still be cancelled before its
+    # end is recorded, which _append settles under the lock.
     for (slot, req, _, _), (tok, lp) in zip(admitted, first):
-      if req.done:  # cancelled before its first token was read
-        continue
-      if self._append(req, int(tok[0]), float(lp[0])):
-        self._finish_slot(slot, req)
+      if not req.done:  # (done: cancelled before its first token was read)
+        self._append(slot, req, int(tok[0]), float(lp[0]))
     for slot, req in enumerate(snapshot):
       if req is None or req.done:
         continue
       req.version = version
       for step in range(tokens.shape[0]):
-        if self._append(req, int(tokens[step, slot]), float(logprobs[step, slot])):
-          self._finish_slot(slot, req)
+        if self._append(slot, req, int(tokens[step, slot]), float(logprobs[step, slot])):
           break
 
-  def _append(self, req: _Request, token: int, logprob: float) -> bool:
-    """Record one sampled token; finish the request if it ended. Returns whether it did."""
+  def _append(self, slot: int, req: _Request, token: int, logprob: float) -> bool:
+    """Record one sampled token; if the request ended, complete its future and free its slot, unless a
+    :meth:`cancel` got there first (then the cancel path frees the slot, once). Returns whether the request
+    is over (ended here or cancelled)."""
     req.tokens.append(token)
     req.logprobs.append(logprob)
     sp = req.params
@@ -512,14 +516,32 @@ class SamplerServer:
     elif n >= self.engine.token_limit(req.prompt.size):
       reason = P.FINISH_CACHE  # the slot's cache has no room for the next step
     if reason is None:
-      return False
-    req.done = True
+      return req.done  # a cancel seen here only saves recording the rest of the call's tokens
+    with self._cv:  # the finish decision, atomic with cancel()'s
+      if req.done:
+        return True  # cancelled: the loop frees the slot at its next turn (_cancelled_slots)
+      req.done = True
     self.stats.tokens += n
-    req.future.set_result(P.Completion(
+    self._release_slot(slot, req, finished=True)  # before the future's callbacks run (in this thread)
+    _resolve(req.future, P.Completion(
         token_ids=np.asarray(req.tokens, np.int32), logprobs=np.asarray(req.logprobs, np.float32),
         finish_reason=reason, weight_version=req.version, prompt_len=int(req.prompt.size),
         version_changed=req.version != req.start_version))
     return True
+
+
+def _resolve(future: Future, result=None, error: BaseException | None = None):
+  """Complete the future of a request this thread has just marked done (so no :meth:`SamplerServer.cancel`
+  can touch it). A future its owner cancelled directly (``future.cancel()``, not through the server) has
+  nobody left to tell: it stays cancelled."""
+  try:
+    if error is not None:
+      future.set_exception(error)
+    else:
+      future.set_result(result)
+  except InvalidStateError:
+    if not future.cancelled():
+      raise
 
 
 def prompt_limit(paged: bool, max_cache_length: int, max_prefill_length: int,
