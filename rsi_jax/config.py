@@ -48,10 +48,15 @@ class RunConfig:
   # auto: rerunning the same command resumes the run folder's latest complete checkpoint (MaxText's rule);
   # never: a run folder that already holds a run is an error
   resume: str = "auto"
+  # resuming with settings that differ from the run folder's config.yml (anything but the console, resume and
+  # the folder's location) is refused unless this is set; the change is then recorded in lineage.json
+  allow_config_change: bool = False
 
   def validate(self, p):
     _check(self.name != "", f"{p}.name", "must not be empty")
     _check("/" not in self.name, f"{p}.name", f"must not contain '/', got {self.name!r}")
+    _check(self.output_dir != "", f"{p}.output_dir", "must not be empty")
+    check_location(self.output_dir, f"{p}.output_dir")
     _check(self.resume in ("auto", "never"), f"{p}.resume", f"must be 'auto' or 'never', got {self.resume!r}")
     _check(self.log_level in ("debug", "info", "warning", "error"), f"{p}.log_level",
            f"must be one of debug/info/warning/error, got {self.log_level!r}")
@@ -456,6 +461,7 @@ class PipelineConfig:
 
   def validate(self, p):
     _check(len(self.phases) > 0, f"{p}.phases", "must name at least one phase")
+    check_location(self.checkpoint_dir, f"{p}.checkpoint_dir")
     for ph in self.phases:
       _check(phase_kind(ph) is not None, f"{p}.phases",
              f"unknown phase {ph!r} (known: rsr<N>, critic_seed, rpr<N>)")
@@ -618,6 +624,18 @@ class _RawValue:
     return repr(self.value)
 
 
+_STORES = ("gs", "s3", "gcs", "hdfs", "az", "abfs", "file")  # object-store schemes a location may use
+
+
+def check_location(value: str, key: str):
+  """A folder or an object-store URL; a URL with a typo in its scheme (``gs:/b``, ``gs//b``, ``gs:b``) is an
+  error rather than a local folder named ``gs:`` or ``gs`` in the current directory."""
+  m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)(:/*|//)", value)
+  if m and m.group(1).lower() in _STORES and not value.startswith(f"{m.group(1)}://"):
+    raise ConfigError(f"{key}: {value!r} looks like a {m.group(1)}:// URL with a typo (write "
+                      f"{m.group(1)}://bucket/path)")
+
+
 def _check(ok: bool, key: str, msg: str):
   if not ok:
     raise ConfigError(f"{key}: {msg}")
@@ -646,6 +664,8 @@ def _load_yaml_chain(path: Path, seen: tuple = ()) -> dict:
   if path in seen:
     raise ConfigError(f"base_config: cycle through {path}")
   data = _read_yaml(path)
+  if not data:  # an empty run file would start a default run of every task without a word
+    raise ConfigError(f"config file {path} is empty (start from configs/smoke.yml or configs/base.yml)")
   base = data.pop("base_config", None)
   if base is None:
     return data

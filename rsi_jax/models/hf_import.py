@@ -69,9 +69,20 @@ def read_hf_config(hf_dir: str) -> dict:
   path = os.path.join(hf_dir, "config.json")
   if not os.path.exists(path):
     raise HFImportError(f"{hf_dir}: no config.json")
-  with open(path) as f:
-    c = json.load(f)
+  try:
+    with open(path) as f:
+      c = json.load(f)
+  except (OSError, UnicodeDecodeError) as e:
+    raise HFImportError(f"{path}: cannot read: {e}") from None
+  except json.JSONDecodeError as e:
+    raise HFImportError(f"{path}: not valid JSON: {e}") from None
+  if not isinstance(c, dict):
+    raise HFImportError(f"{path}: not a JSON object")
   archs = c.get("architectures") or []
+  missing = [k for k in ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers",
+                         "vocab_size") if k not in c]
+  if c.get("model_type") == "qwen3" and missing:
+    raise HFImportError(f"{path}: lacks {', '.join(missing)}")
   if c.get("model_type") != "qwen3" or not any(a in SUPPORTED_ARCHITECTURES for a in archs):
     raise HFImportError(f"{path}: unknown architecture {archs or c.get('model_type')!r} "
                         f"(model_type {c.get('model_type')!r}); supported: {SUPPORTED_ARCHITECTURES}")
@@ -138,9 +149,12 @@ class _TensorIndex:
 
     self._where = {}
     for f in self.files:
-      with safe_open(f, framework="numpy") as h:
-        for k in h.keys():
-          self._where[k] = f
+      try:
+        with safe_open(f, framework="numpy") as h:
+          for k in h.keys():
+            self._where[k] = f
+      except Exception as e:  # noqa: BLE001 - safetensors' own error types name no file
+        raise HFImportError(f"{f}: not a readable safetensors file: {e}") from None
     self.names = set(self._where)
     self.hf_dir = hf_dir
 
@@ -219,6 +233,16 @@ def _check_model_matches(hf_dir: str, cfg: Config):
     if not ok:
       raise HFImportError(f"model.{k}={have!r} does not match the HF folder ({v!r}); "
                           f"build the config with rsi_jax.models.config_for_hf")
+
+
+def check_hf_folder(hf_dir: str, cfg: Config) -> None:
+  """What can be checked of an HF folder before any model is built (the training program's pre-flight):
+  config.json readable and supported, matching ``cfg.model``, and every ``*.safetensors`` header readable.
+  HFImportError names the file."""
+  if not os.path.isdir(hf_dir):
+    raise HFImportError(f"{hf_dir}: no such folder")
+  _check_model_matches(hf_dir, cfg)
+  _TensorIndex(hf_dir)
 
 
 def load_hf_params(hf_dir: str, actor) -> dict:
