@@ -6,12 +6,17 @@ picks a model file) and win over the phase files. The run walks ``pipeline.phase
 shows one line per phase step; library logging goes to ``<run folder>/train.log``.
 
 Exit status: 0 done (or preempted by SIGTERM after writing a checkpoint), 1 the run stopped (an invariant,
-nothing to train on, an error; the reason is printed), 2 the config or the pre-flight checks failed.
+nothing to train on, an error; the reason is printed), 2 the config or the pre-flight checks failed (also when
+found after start-up: another task pool or config than the run's checkpoints were made with, a checkpoint that
+fails its digests), 130 stopped by
+Ctrl-C (SIGINT: like SIGTERM, the newest state is checkpointed first; a second Ctrl-C stops at once).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import sys
 import tempfile
 import traceback
 
@@ -35,6 +40,15 @@ def run_program(config_path: str, overrides, after=None, distributed: bool = Fal
   """Run the configured phase plan (the training program); ``after(result, console)`` is called when it
   finished. Returns the exit status. ``distributed``: this is one process of a multi-host run
   (:mod:`rsi_jax.pipeline.multihost`; also when ``RSI_COORDINATOR`` is set)."""
+  try:
+    return _run_program(config_path, overrides, after, distributed)
+  except KeyboardInterrupt:  # Ctrl-C before the run could checkpoint (start-up), or a second Ctrl-C
+    print("interrupted (Ctrl-C): stopped before a checkpoint could be written; rerun the same command to resume "
+          "from the newest one", file=sys.stderr, flush=True)
+    return 130
+
+
+def _run_program(config_path: str, overrides, after, distributed: bool) -> int:
   cfg = load_cli_config(config_path, overrides)
   # heavy imports only after the config is known to be valid
   from rsi_jax.pipeline import multihost
@@ -42,8 +56,10 @@ def run_program(config_path: str, overrides, after=None, distributed: bool = Fal
   if distributed:
     logging.set_verbosity(logging.WARNING)  # the log file is not open yet: no INFO lines on the console
     multihost.initialize()  # before anything asks JAX for its devices
-  from rsi_jax.pipeline.driver import (Console, Driver, InvariantError, Preempted, PreflightError, preflight,
-                                       run_dir_of)
+  from rsi_jax.pipeline.driver import (Console, Driver, InvariantError, Preempted, PreflightError,
+                                       check_output_location, preflight, run_dir_of)
+  from rsi_jax.env.pool import AllEndpointsDown
+  from rsi_jax.models.checkpoint import CheckpointError
   from rsi_jax.pipeline.phases import NoTrainableSamples
   run_dir = run_dir_of(cfg)
   # the other processes log to train.<process>.log and print only failures (asked only when distributed:
@@ -53,6 +69,11 @@ def run_program(config_path: str, overrides, after=None, distributed: bool = Fal
   if "://" in run_dir:  # an object-store run folder: the log file stays on this machine
     log_path = os.path.join(tempfile.gettempdir(), f"rsi_jax-{cfg.run.name}{suffix}.log")
   else:
+    try:  # the log file goes into the run folder: it must be creatable before anything else
+      check_output_location(run_dir, "run.output_dir")
+    except PreflightError as e:
+      print(f"cannot start: {e}", file=sys.stderr, flush=True)
+      return 2
     os.makedirs(run_dir, exist_ok=True)
     log_path = os.path.join(run_dir, f"train{suffix}.log")
   with LibraryOutputToFile(log_path) as out:
@@ -69,19 +90,36 @@ def run_program(config_path: str, overrides, after=None, distributed: bool = Fal
     try:
       r = Driver(cfg, overrides, console=console).run()
     except Preempted as e:
-      console.line(f"preempted (SIGTERM): checkpoint written to {e.args[0]}; rerun the same command to resume")
-      return 0
-    except (InvariantError, NoTrainableSamples) as e:
+      console.line(e.message())
+      return 130 if e.signal_name == "Ctrl-C" else 0
+    except PreflightError as e:  # found once the run folder or the processes could be read
+      logging.error("cannot start: %s", e)
+      print(f"cannot start: {e}", file=out.console_err, flush=True)
+      return 2
+    except CheckpointError as e:  # a checkpoint the run starts from (actor_from, a finished phase) is refused
+      logging.error("cannot load checkpoint: %s", e)
+      print(f"cannot load checkpoint: {e}", file=out.console_err, flush=True)
+      return 2
+    except (InvariantError, NoTrainableSamples, AllEndpointsDown) as e:
       logging.error("run stopped: %s", e)
       console.line(f"run stopped: {type(e).__name__}: {e}")
       return 1
     except Exception as e:  # noqa: BLE001 - the console gets the reason, the log the traceback
       logging.error("run failed:\n%s", traceback.format_exc())
+      full = _disk_full(e)
+      if full is not None:
+        where = full or run_dir
+        console.line(f"run stopped: no space left on device while writing {where}: free space on its file system, "
+                     f"then rerun the same command to resume from the newest complete checkpoint (traceback in "
+                     f"{log_path})")
+        return 1
       console.line(f"run failed: {type(e).__name__}: {e} (traceback in {log_path})")
       return 1
     console.line(
         f"done in {r['seconds']:.0f}s{' (resumed)' if r['resumed'] else ''}: {r['episodes']} episodes "
-        f"({r['aborted']} stopped by oversampling), {r['infra_failures']} infrastructure failures (masked)\n"
+        f"({r['aborted']} stopped by oversampling), {r['infra_failures']} infrastructure failures (masked)"
+        + (f", {r['retried']} run(s) lost to a dead Docker endpoint and run again elsewhere" if r["retried"] else "")
+        + "\n"
         f"  final weights  {r['final']}\n"
         f"  checkpoints    {r['checkpoints']}/<phase>/<step>/ (Orbax: actor, critic, optimizer states, meta)\n"
         f"  lineage        {r['lineage']}\n"
@@ -93,6 +131,20 @@ def run_program(config_path: str, overrides, after=None, distributed: bool = Fal
     if after is not None:
       after(r, console)
   return 0
+
+
+def _disk_full(e: BaseException) -> str | None:
+  """The path (or "" when unknown) of a write that failed because the file system is full, if that is what
+  ``e`` or an exception behind it is (Orbax's background writers and tensorstore wrap the OSError)."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+      return str(e.filename or "")
+    if "No space left on device" in str(e):
+      return ""
+    e = e.__cause__ or e.__context__
+  return None
 
 
 class _Quiet:

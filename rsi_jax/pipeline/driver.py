@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -43,6 +44,8 @@ from rsi_jax.config import (REPO_ROOT, Config, ConfigError, _deep_merge, _to_pla
 from rsi_jax.models.checkpoint import join, local_or_url, params_digest, resolve_checkpoint
 from rsi_jax.pipeline import multihost
 from rsi_jax.pipeline.phases import PHASES, InvariantError, PhaseState, RunContext, pool_key
+from rsi_jax.stop import StopRequested
+from rsi_jax.env.pool import AllEndpointsDown
 from rsi_jax.env.tasks import tasks_digest
 
 LINEAGE = "lineage.json"
@@ -54,7 +57,17 @@ class PreflightError(ValueError):
 
 
 class Preempted(Exception):
-  """SIGTERM: the current step finished and a checkpoint was written (``args[0]``: its folder)."""
+  """SIGTERM (or Ctrl-C): the newest state is on storage (``args[0]``: its checkpoint folder, or with
+  ``saved=False`` where the interrupted phase starts from again: no step of it had finished)."""
+
+  def __init__(self, where: str, signal_name: str = "SIGTERM", saved: bool = True):
+    super().__init__(where)
+    self.signal_name, self.saved = signal_name, saved
+
+  def message(self) -> str:
+    what = (f"checkpoint written to {self.args[0]}" if self.saved
+            else f"no step of the phase had finished (it starts again from {self.args[0]})")
+    return f"preempted ({self.signal_name}): {what}; rerun the same command to resume"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,9 +118,52 @@ def existing_run(cfg: Config) -> list[str]:
     if (rd / f).exists():
       found.append(f)
   ck = epath.Path(checkpoint_root(cfg))
-  if ck.exists() and any(ck.iterdir()):
+  # a step folder, not the empty phase folders (and config.yml, train.log) a start that failed leaves behind
+  if ck.exists() and any(s.name.isdigit() for p in ck.iterdir() if p.is_dir() for s in p.iterdir()):
     found.append(str(ck))
   return found
+
+
+def read_lineage(run_dir: str) -> list[dict]:
+  """The run folder's ``lineage.json`` ([] for a new run); a file that is not a lineage stops the run, naming
+  it."""
+  f = epath.Path(run_dir) / LINEAGE
+  if not f.exists():
+    return []
+  try:
+    entries = json.loads(f.read_text())
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and "phase" in e for e in entries):
+      raise ValueError("not a list of phase entries")
+  except (ValueError, UnicodeDecodeError) as e:
+    raise PreflightError(f"{f}: unreadable ({e}): restore it from a copy of the run, or start another run.name")
+  return [run_paths(e, run_dir, absolute=True) for e in entries]
+
+
+def run_paths(entry: dict, run_dir: str, absolute: bool) -> dict:
+  """A lineage entry (or a checkpoint's ``started_from``) with the paths inside the run folder made relative to
+  it (``absolute=False``: as stored, so a copied or moved run folder points into itself) or absolute again (as
+  used). Paths elsewhere (another run's checkpoint, an object store, ``hf:...``) and descriptions stay as they
+  are."""
+  def conv(p):
+    if not isinstance(p, str) or "://" in p or p.startswith("hf:"):
+      return p
+    if absolute:
+      return join(run_dir, p) if not os.path.isabs(p) and epath.Path(join(run_dir, p)).exists() else p
+    if "://" not in run_dir and os.path.isabs(p):
+      rel = os.path.relpath(p, run_dir)
+      return p if rel == ".." or rel.startswith(".." + os.sep) else rel
+    if "://" in run_dir and p.startswith(run_dir + "/"):
+      return p[len(run_dir) + 1:]
+    return p
+  out = dict(entry)
+  for k in ("output", "actor", "critic"):
+    if k in out:
+      out[k] = conv(out[k])
+  if isinstance(out.get("started_from"), dict):
+    out["started_from"] = run_paths(out["started_from"], run_dir, absolute)
+  if isinstance(out.get("rsr"), dict) and "manifest" in out["rsr"]:
+    out["rsr"] = dict(out["rsr"], manifest=conv(out["rsr"]["manifest"]))
+  return out
 
 
 def preflight(cfg: Config, cli_overrides: Sequence[str] = (), num_devices: int | None = None) -> list[PhaseSpec]:
@@ -162,6 +218,15 @@ def preflight(cfg: Config, cli_overrides: Sequence[str] = (), num_devices: int |
           resolve_checkpoint(src)
         except FileNotFoundError as e:
           raise PreflightError(f"pipeline.{src_key}.{spec.name}: {e}") from None
+  if cfg.model.hf_path:
+    from rsi_jax.models.hf_import import HFImportError, check_hf_folder
+    try:
+      check_hf_folder(cfg.model.hf_path, cfg)
+    except HFImportError as e:
+      raise PreflightError(f"model.hf_path: {e}") from None
+  check_output_location(run_dir_of(cfg), "run.output_dir")
+  if cfg.pipeline.checkpoint_dir:
+    check_output_location(checkpoint_root(cfg), "pipeline.checkpoint_dir")
   for tasks_dir in sorted({s.cfg.env.tasks_dir for s in plan} | {cfg.env.tasks_dir}):
     try:
       load_tasks(tasks_dir)
@@ -173,6 +238,20 @@ def preflight(cfg: Config, cli_overrides: Sequence[str] = (), num_devices: int |
       raise PreflightError(f"run.resume=never but the run folder {run_dir_of(cfg)} already holds a run "
                            f"({', '.join(found)}): choose another run.name or use run.resume=auto")
   return plan
+
+
+def check_output_location(path: str, key: str):
+  """A local output folder must be creatable and writable (its nearest existing parent writable); an object-store
+  URL is left to its backend."""
+  if "://" in path:
+    return
+  p = os.path.abspath(path)
+  while not os.path.exists(p):
+    p = os.path.dirname(p)
+  if not os.path.isdir(p):
+    raise PreflightError(f"{key}: {p} is a file, not a folder (for {path})")
+  if not os.access(p, os.W_OK | os.X_OK):
+    raise PreflightError(f"{key}: {p} is not writable (for {path})")
 
 
 def pick_tasks(tasks, n: int):
@@ -228,24 +307,32 @@ def check_fresh(train, phase: str):
 
 
 class _Stop:
-  """SIGTERM -> stop after the current step (a pod preemption notice). Multi-host: a notice any process got
-  stops every process at the same step (the flags are exchanged after each step)."""
+  """SIGTERM (a pod preemption notice) or Ctrl-C -> stop at the next safe point with a checkpoint. Multi-host: a
+  notice any process got stops every process at the same point (the flags are exchanged there). A second
+  Ctrl-C raises KeyboardInterrupt at once."""
+
+  SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 
   def __init__(self):
     self.requested = False
-    self._old = None
+    self.signal_name = "SIGTERM"
+    self._old = {}
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
-      self._old = signal.signal(signal.SIGTERM, self._handle)
+      self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
     return self
 
   def _handle(self, signum, frame):
+    if self.requested and signum == signal.SIGINT:
+      raise KeyboardInterrupt
     self.requested = True
+    self.signal_name = self.SIGNALS.get(signum, "SIGTERM")
 
   def __exit__(self, *exc):
-    if self._old is not None:
-      signal.signal(signal.SIGTERM, self._old)
+    for s, old in self._old.items():
+      signal.signal(s, old)
+    self._old = {}
 
   def now(self) -> bool:
     return any(multihost.gather_objects([self.requested]))
@@ -320,11 +407,19 @@ class Driver:
     rd = epath.Path(self.run_dir)
     primary = multihost.is_primary()  # the process that writes the run's records
     resumed = bool(existing_run(self.cfg))
+    # a resumed run trains on with the config it was trained with, unless run.allow_config_change says otherwise,
+    # and on the task pools its checkpoints were made with; both checked before anything is written
+    self._config_changes = multihost.from_primary(self._changed_keys, rd, resumed)
+    if self._config_changes and not self.cfg.run.allow_config_change:
+      raise PreflightError(
+          f"the config differs from the one this run was trained with ({rd / 'config.yml'}) in "
+          f"{'; '.join(self._config_changes)}: resume with the run's own settings, choose another run.name, or "
+          f"add run.allow_config_change=true to resume with the change (recorded in lineage.json)")
+    multihost.from_primary(self._check_pools, plan)
     if primary:
       rd.mkdir(parents=True, exist_ok=True)
-      self._write_config(rd, resumed)
-    self.lineage = multihost.from_primary(
-        lambda: json.loads((rd / LINEAGE).read_text()) if (rd / LINEAGE).exists() else [])
+      self._write_config(rd)
+    self.lineage = multihost.from_primary(read_lineage, self.run_dir)
     done = {e["phase"]: e for e in self.lineage}
     self.metrics = MetricLogger(self.run_dir, writes=primary)
     ctx = self._context(plan)
@@ -333,11 +428,14 @@ class Driver:
     t0 = time.time()
     try:
       with _Stop() as stop:
+        ctx.stop = stop
         for index, spec in enumerate(plan):
           if spec.name in done:
             prev = done[spec.name]
             self.console.line(f"[{spec.name}] done earlier: {prev['output']}")
             continue
+          if prev is not None and stop.now():  # a notice during the previous phase's end: stop before this one
+            raise Preempted(prev["output"], stop.signal_name)
           prev, mem = self._run_phase(ctx, plan, index, spec, prev, mem, stop)
       report = self._final_report() if primary else None
     finally:
@@ -352,7 +450,7 @@ class Driver:
             "metrics": str(rd / "metrics.jsonl"), "tensorboard": str(rd / "tensorboard"),
             "plots": str(rd / "plots"), "plot_files": plots, "final": prev["output"] if prev else None,
             "episodes": counts.pop("episodes", 0), "infra_failures": counts.pop("infra_failures", 0),
-            "aborted": counts.pop("aborted", 0),
+            "aborted": counts.pop("aborted", 0), "retried": counts.pop("infra_failures.retried", 0),
             "seconds": time.time() - t0, "resumed": resumed}
 
   # --------------------------------------------------------------------------------------- evaluation
@@ -416,16 +514,46 @@ class Driver:
     self.console.line(f"evaluation report: {out / 'report.md'}")
     return str(out)
 
-  def _write_config(self, rd, resumed: bool):
-    text = dump_config(self.cfg)
+  def _changed_keys(self, rd, resumed: bool) -> list[str]:
+    """``key: old -> new`` for every setting that changes what the run computes and differs from the run
+    folder's ``config.yml`` (empty for a new run)."""
     f = rd / "config.yml"
-    if resumed and f.exists() and _without_console_keys(f.read_text()) != _without_console_keys(text):
-      old = f.read_text()
+    if not (resumed and f.exists()):
+      return []
+    old, new = _training_settings(f.read_text()), _training_settings(dump_config(self.cfg))
+    return [f"{k}: {old.get(k, '(unset)')!r} -> {new.get(k, '(unset)')!r}" for k in sorted(old.keys() | new.keys())
+            if old.get(k, "(unset)") != new.get(k, "(unset)")]
+
+  def _check_pools(self, plan):
+    """A phase with checkpoints resumes on the task pool they were trained on (its rollout cursor and Q_clean
+    index that pool's order): a pool that env.tasks_dir / env.max_tasks now give otherwise is refused."""
+    from rsi_jax.env.tasks import load_tasks
+    from rsi_jax.models.checkpoint import CheckpointError, read_meta
+    for spec in plan:
+      d = epath.Path(join(self.ckpt_root, spec.name))
+      steps = sorted(int(x.name) for x in d.iterdir() if x.name.isdigit()) if d.exists() else []
+      if not steps:
+        continue
+      try:
+        meta = read_meta(join(str(d), str(steps[-1]))) or {}
+      except CheckpointError:
+        continue  # the resume itself refuses it, or falls back to an intact step
+      c = spec.cfg
+      pool = pick_tasks(load_tasks(c.env.tasks_dir), c.env.max_tasks)
+      if meta.get("tasks_digest", tasks_digest(pool)) != tasks_digest(pool):
+        raise PreflightError(f"{spec.name}: its checkpoint at step {steps[-1]} was trained on another task pool "
+                             f"(digest {meta['tasks_digest']}) than env.tasks_dir / env.max_tasks now give "
+                             f"({tasks_digest(pool)}, {len(pool)} tasks): restore them, or remove "
+                             f"{join(str(d), str(steps[-1]))} and the phase's later checkpoints to start it anew")
+
+  def _write_config(self, rd):
+    f = rd / "config.yml"
+    if self._config_changes:  # allowed by run.allow_config_change: the earlier one is kept beside it
       n = len(list(rd.glob("config.*.yml")))
-      (rd / f"config.{n}.yml").write_text(old)
-      self.console.line(f"note: the config differs from the one this run started with (kept as "
-                        f"config.{n}.yml); resuming with the new one")
-    f.write_text(text)
+      (rd / f"config.{n}.yml").write_text(f.read_text())
+      self.console.line(f"note: resuming with a changed config (run.allow_config_change): "
+                        f"{'; '.join(self._config_changes)}; the earlier one is kept as config.{n}.yml")
+    f.write_text(dump_config(self.cfg))
 
   def _context(self, plan) -> RunContext:
     from rsi_jax.env import EnvPool, load_tasks
@@ -476,25 +604,26 @@ class Driver:
     phase = PHASES[spec.kind](spec.name, cfg, ctx, workdir(spec.name),
                               earlier=[(p.name, p.kind, workdir(p.name)) for p in plan[:index]])
     ckpts = PhaseCheckpoints(join(self.ckpt_root, spec.name), keep=cfg.pipeline.keep_checkpoints)
-    latest = ckpts.latest_step()
-    if latest is not None:  # resume this phase from its newest complete checkpoint
+    latest, skipped = None, []
+    if ckpts.latest_step() is not None:  # resume this phase from its newest intact checkpoint
       targets = {"actor": ctx.actor.abstract_params, "critic": ctx.critic.abstract_params}
       for item, opt in phase.optimizers().items():
         targets[item] = opt_targets(ctx.actor if item == "actor_opt" else ctx.critic, opt)
-      trees, meta = ckpts.restore(latest, targets)
+      latest, trees, meta, skipped = ckpts.restore_newest_intact(targets)
+      if latest is None:
+        raise PreflightError(f"{spec.name}: no intact checkpoint in {ckpts.directory}: "
+                             + "; ".join(f"step {m}: {why}" for m, why in skipped))
+      for m, why in skipped:  # set aside (renamed, not deleted): the phase redoes those steps
+        self.console.line(f"[{spec.name}] step {m} was refused ({why}); kept as {ckpts.set_aside(m)}")
+    if latest is not None:
       rep = NamedSharding(ctx.mesh, PartitionSpec())
       train = _train_state(trees, jax.device_put(jnp.asarray(meta["update"], jnp.int32), rep))
       carried = trees.get("critic") if not phase.uses_critic else None
       if not phase.uses_critic:
         train = train._replace(critic=None)
       state = PhaseState(train, seed=int(meta["seed"]), cursor=int(meta["cursor"]), data=meta.get("data_state"))
-      started_from, start_digest = meta["started_from"], meta.get("critic_digest_at_start")
-      pool = tasks_digest(ctx.tasks_for(cfg))
-      if meta.get("tasks_digest", pool) != pool:  # the cursor / Q_clean belong to the other pool's order
-        raise PreflightError(f"{spec.name}: its checkpoint at step {latest} was trained on another task pool "
-                             f"(digest {meta['tasks_digest']}) than env.tasks_dir / env.max_tasks now give "
-                             f"({pool}, {len(ctx.tasks_for(cfg))} tasks): restore them, or remove "
-                             f"{ckpts.step_dir(latest)} and the phase's later checkpoints to start it anew")
+      started_from = run_paths(meta["started_from"], self.run_dir, absolute=True)
+      start_digest = meta.get("critic_digest_at_start")
       self.console.line(f"[{spec.name}] resuming after step {latest} ({ckpts.step_dir(latest)})")
     else:
       actor_p, actor_src = self._actor_start(ctx, spec, index, prev, mem)
@@ -514,7 +643,11 @@ class Driver:
 
   def _steps(self, ctx, spec, phase, ckpts, state, latest, started_from, start_digest, carried, stop, t0):
     cfg = spec.cfg
-    phase.setup(state.train.actor, latest)
+    try:
+      phase.setup(state.train.actor, latest)  # an RSR phase runs its funnel here
+    except StopRequested as e:  # nothing of this phase to save: its newest state is what it started from
+      raise Preempted(ckpts.step_dir(latest) if latest else started_from["actor"], str(e), saved=bool(latest)) \
+          from None
     n = phase.num_steps
     self.metrics.truncate(list(self.cfg.pipeline.phases), spec.name, latest)
     evals = self._eval_dir(spec.name)
@@ -528,7 +661,7 @@ class Driver:
 
     def meta():
       return {"phase": spec.name, "seed": state.seed, "cursor": state.cursor, "data_state": state.data,
-              "started_from": started_from,
+              "started_from": run_paths(started_from, self.run_dir, absolute=False),
               "critic_digest_at_start": start_digest, "reward_table_digest": phase.reward_digest(),
               "config_digest": config_digest(cfg), "tasks_digest": tasks_digest(ctx.tasks_for(cfg))}
 
@@ -540,19 +673,29 @@ class Driver:
     every = cfg.pipeline.eval_every
     bar = self.console.bar(n, latest, spec.name)
     try:
+      saved = latest  # the newest step on storage
       for i in range(latest, n):
-        state, m = phase.step(state, i)
+        try:
+          state, m = phase.step(state, i)
+        except (StopRequested, AllEndpointsDown) as e:  # mid-step: keep the steps that completed, then stop
+          if i > saved:
+            ckpts.save(i, full(state.train), meta())
+          ckpts.wait()
+          if isinstance(e, AllEndpointsDown):
+            raise
+          raise Preempted(ckpts.step_dir(i) if i else started_from["actor"], str(e), saved=bool(i)) from None
         self.metrics.log(spec.name, spec.kind, i + 1, m)
         self.console.line(format_step(spec.name, i, n, m))
         bar.update(1)
         preempt = stop.now()
         if (i + 1) % cfg.pipeline.checkpoint_every == 0 or i + 1 == n or preempt:
           ckpts.save(i + 1, full(state.train), meta())
+          saved = i + 1
         if self.on_step is not None:
           self.on_step(spec.name, i + 1, m)
-        if preempt and i + 1 < n:
+        if preempt:  # also after a phase's last step: its evaluation and the next phase run on the rerun
           ckpts.wait()
-          raise Preempted(ckpts.step_dir(i + 1))
+          raise Preempted(ckpts.step_dir(i + 1), stop.signal_name)
         if (i + 1) % every == 0 and i + 1 < n:
           self._evaluate(ctx, spec.name, i + 1, state.train.actor)
       if n == 0 and ckpts.latest_step() is None:  # nothing to train on: the phase's output is its input
@@ -571,6 +714,8 @@ class Driver:
              "actor_lr": cfg.actor_optim.learning_rate if phase.trains_actor else None,
              "critic_lr": cfg.critic_optim.learning_rate if phase.uses_critic else None,
              "code_version": code_version(), "seconds": round(time.time() - t0, 1), **phase.lineage_extra()}
+    if self._config_changes:  # resumed with run.allow_config_change: the first phase to finish after it says so
+      entry["config_changes"], self._config_changes = self._config_changes, []
     if not phase.uses_critic and entry["critic_digest"] != start_digest:
       # Invariant: Δφ = 0 across a phase that does not train the critic (RSR).
       raise InvariantError(f"{spec.name}: the critic changed across an actor-only phase (digest "
@@ -579,7 +724,7 @@ class Driver:
     if multihost.is_primary():
       rd = epath.Path(self.run_dir)
       tmp = rd / (LINEAGE + ".tmp")
-      tmp.write_text(json.dumps(self.lineage, indent=1))
+      tmp.write_text(json.dumps([run_paths(e, self.run_dir, absolute=False) for e in self.lineage], indent=1))
       tmp.replace(rd / LINEAGE)
     self.metrics.plot()
     self.console.line(f"[{spec.name}] done in {entry['seconds']:.0f}s: {entry['output']} (actor "
@@ -620,13 +765,23 @@ class Driver:
     return restore_params(path, **{role: model.abstract_params})[role]
 
 
-def _without_console_keys(config_yaml: str) -> dict:
-  """A dumped config without the keys that do not change what a run computes."""
+# settings that do not change what a run computes: the console, resuming, and where the run folder lies (a
+# copied or moved run resumes from its own folder)
+_NOT_TRAINING = ("run.progress", "run.log_level", "run.resume", "run.allow_config_change", "run.name",
+                 "run.output_dir")
+
+
+def _training_settings(config_yaml: str) -> dict:
+  """A dumped config as ``{dotted key: value}``, without :data:`_NOT_TRAINING`."""
   import yaml
-  d = yaml.safe_load(config_yaml) or {}
-  for k in ("progress", "log_level", "resume"):
-    d.get("run", {}).pop(k, None)
-  return d
+
+  def flat(d, prefix=""):
+    for k, v in d.items():
+      if isinstance(v, dict) and v:
+        yield from flat(v, f"{prefix}{k}.")
+      else:
+        yield f"{prefix}{k}", v
+  return {k: v for k, v in flat(yaml.safe_load(config_yaml) or {}) if k not in _NOT_TRAINING}
 
 
 def _train_state(trees: dict, step):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import threading
 import time
 from collections import Counter
 
@@ -39,6 +40,7 @@ from rsi_jax.policy import SamplingParams
 from rsi_jax.rl.batch import Sample, assemble_batch, episode_samples, load_samples
 from rsi_jax.rl.metrics import combine_pass_metrics
 from rsi_jax.rl.outcome_table import EPISODE_TIMES, outcome_row
+from rsi_jax.stop import wait_all
 
 
 class InvariantError(RuntimeError):
@@ -64,6 +66,7 @@ class RunContext:
   sampler: object = None  # rsi_jax.sampler.server.SamplerServer, created with the first weights it serves
   actor_version: int = 0  # the sampler's version number of the weights last handed to it
   eval_suite: tuple | None = None  # (tasks, frozen strata) of eval.tasks_dir, loaded at the first evaluation
+  stop: object = None  # the driver's stop notice (``.requested``, ``.signal_name``): long waits end early on it
   _served: object = None  # the weights last handed to the sampler
 
   def tasks_for(self, cfg) -> list:
@@ -199,15 +202,18 @@ class RSRPhase(Phase):
     from rsi_jax.rsr.scripted import LABEL, ScriptedRSRPolicy
     cfg, ctx = self.cfg, self.ctx
     tasks = self.funnel_tasks()
+    abort = threading.Event()  # a stop notice aborts the funnel's episodes and planning calls
     if cfg.rsr.policy == "scripted":
       scripted = ScriptedRSRPolicy(ctx.tokenizer, tasks)
       policy_for, label = (lambda tag: scripted), LABEL
     else:
       policy_for = policy_factory(ctx.sampler, derive_seed(cfg.run.seed, "rsr", self.name),
-                                  cfg.rollout.deterministic)
+                                  cfg.rollout.deterministic, abort)
       label = "the actor"
+    # the funnel runs on the first process only: it stops on a notice only in a single-process run
     res = run_funnel(cfg, tasks, ctx.pool, ctx.renderer, policy_for, label=label, workdir=self.workdir,
-                     input_digest=self.input_digest)
+                     input_digest=self.input_digest, stop=ctx.stop if jax.process_count() == 1 else None,
+                     abort=abort)
     return res.records, res.episodes, res.manifest, ""
 
   def funnel_tasks(self) -> list:
@@ -369,8 +375,6 @@ class RolloutPhase(Phase):
     """Start this process's share of step ``i``'s episodes (:func:`~rsi_jax.pipeline.multihost.process_share`:
     all of them in a single process); returns (a future of (episodes, aborted, started, seconds), the
     episodes' abort switches). ``started`` counts every process's requests."""
-    import threading
-
     from rsi_jax.env import make_harness
     order = TaskOrder(self.ctx.tasks_for(self.cfg), state.seed, self.cfg.rollout.responses_per_task)
     idx, used = self.requests(state, i)
@@ -427,11 +431,14 @@ class RolloutPhase(Phase):
     cfg, ctx = self.cfg, self.ctx
     t0 = time.time()
     if self._ahead is not None and self._ahead[0] == i:
-      fut, ahead = self._ahead[1], True
+      (_, fut, events), ahead = self._ahead, True
       self._ahead = None
     else:
-      fut, ahead = self._start(state, i)[0], False
-    eps, aborted, started, t_roll = fut.result()
+      (fut, events), ahead = self._start(state, i), False
+    # a stop notice aborts the step's episodes (a multi-host run stops at step boundaries only: the processes
+    # agree on the notice there)
+    stop = ctx.stop if jax.process_count() == 1 else None
+    (eps, aborted, started, t_roll), = wait_all([fut], stop, events)
     # every process's episodes, in process order (= request order): the same batch on every process
     eps, aborted = multihost.gather_objects(eps), sum(multihost.gather_objects([aborted]))
     state = dataclasses.replace(state, cursor=state.cursor + started)
@@ -473,9 +480,9 @@ class RolloutPhase(Phase):
     t_train = time.time() - t1
     gen_tokens = sum(e.generated_tokens for e in eps)
     valid = mask > 0
-    m.update(
-        train_actor=int(train_actor), reward_mean=_mean(rewards[valid]), success_mean=_mean(
-            [float(e.success or 0) for e, k in zip(eps, valid) if k]),
+    m.update(  # reward and success over the episodes trained on (scored and fresh enough)
+        train_actor=int(train_actor), reward_mean=_mean(rewards[ok]), success_mean=_mean(
+            [float(e.success or 0) for e, k in zip(eps, ok) if k]),
         turns_mean=_mean([len(e.turns) for e in eps]), episodes=len(eps), episodes_started=started,
         aborted_episodes=aborted, infra_failures=int((~valid).sum()), stale_episodes=int(too_old.sum()),
         trainable_episodes=len(trainable), collected_ahead=int(ahead),

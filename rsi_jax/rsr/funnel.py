@@ -29,6 +29,7 @@ from rsi_jax.rl.outcome_table import outcome_row
 from rsi_jax.rsr.control import strip_control
 from rsi_jax.rsr.review import ModelJudge, review, screen_trajectory
 from rsi_jax.rsr.runbook import load_template, parse_runbook
+from rsi_jax.stop import wait_all
 
 STAGES = ("attempted", "discovered", "planned", "reviewed", "executed", "verified", "leak_screened", "accepted")
 MANIFEST = "rsr_manifest.json"
@@ -111,10 +112,14 @@ class QClean(grain.sources.RandomAccessDataSource):
 
 def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object], *, label: str,
                workdir: str | None = None, log: Callable[[str], None] = lambda s: None,
-               input_digest: str | None = None) -> FunnelResult:
+               input_digest: str | None = None, stop=None, abort: threading.Event | None = None
+               ) -> FunnelResult:
   """One RSR funnel over ``tasks`` with the actor behind ``policy_for(tag)`` (a Policy per episode or call;
   ``tag`` names it, for seeding). ``cfg``: the phase's :class:`~rsi_jax.config.Config`; ``input_digest``:
-  the actor's digest, recorded in the manifest."""
+  the actor's digest, recorded in the manifest. ``stop``: a stop notice (:mod:`rsi_jax.stop`); once it is
+  given, the stage running sets ``abort`` (the switch of its episodes and the actor's calls), cancels what has not
+  started, waits for what runs and raises :class:`~rsi_jax.stop.StopRequested`."""
+  aborts = [abort] if abort is not None else []
   from rsi_jax.env import make_harness
   r, ro = cfg.rsr, cfg.rollout
   plan_t, exec_t = load_template(r.plan_template), load_template(r.exec_template)
@@ -128,10 +133,9 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
   # 1. discovery: every task under every harness, rsr.discovery_attempts times; keep what verifies
   jobs = [(t, h, a) for t in tasks for h in r.harnesses for a in range(r.discovery_attempts)]
   futs = [pool.submit(t, make_harness(h, policy_for(("discover", t.name, h, a)), renderer, sampling,
-                                      env_cfg=cfg.env)) for t, h, a in jobs]
+                                      env_cfg=cfg.env), abort=abort) for t, h, a in jobs]
   discovered, outcomes = [], []
-  for (t, h, _), f in zip(jobs, futs):
-    res = f.result()
+  for (t, h, _), res in zip(jobs, wait_all(futs, stop, aborts)):
     outcomes.append(outcome_row(0, res))  # the verifier's reports: FDR calibration of later rollout phases
     counts.add("attempted", t.family, h)
     if res.infra_failure:
@@ -161,7 +165,7 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
     return None, parse_runbook(renderer.decode([i for i in comp.token_ids if i not in renderer.eos_ids]))
 
   with cf.ThreadPoolExecutor(max(1, min(16, len(plans) or 1)), thread_name_prefix="rsr-plan") as ex:
-    texts = list(ex.map(lambda p: plan(*p), plans))
+    texts = wait_all([ex.submit(plan, *p) for p in plans], stop, aborts)
   runbooks, accepted_runbooks = [], []
   for (d, k), (failed, text) in zip(plans, texts):
     t, h, res = discovered[d]
@@ -190,10 +194,9 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
       guide = (lambda task, text=text: exec_t.render(instruction=task.instruction.strip(), runbook=text))
       harness = make_harness(r.target_harness, policy_for(("execute", t.name, rb_id, m)), renderer, sampling,
                              env_cfg=cfg.env, guidance=guide)
-      ex_jobs.append((rb_id, t, h, m, harness, pool.submit(t, harness)))
+      ex_jobs.append((rb_id, t, h, m, harness, pool.submit(t, harness, abort=abort)))
   episodes, records, executions = [], [], []
-  for rb_id, t, h, m, harness, f in ex_jobs:
-    res = f.result()
+  for (rb_id, t, h, m, harness, _), res in zip(ex_jobs, wait_all([j[-1] for j in ex_jobs], stop, aborts)):
     counts.add("executed", t.family, h)
     row = {"task": t.name, "runbook": rb_id, "repeat": m, "episode_id": res.episode_id,
            "success": res.success, "failure_kind": res.failure_kind, "leakage": []}
@@ -310,8 +313,10 @@ def funnel_table(manifest: dict) -> str:
   return "\n".join(lines)
 
 
-def policy_factory(sampler, seed: int, deterministic: bool) -> Callable[[tuple], object]:
+def policy_factory(sampler, seed: int, deterministic: bool, abort: threading.Event | None = None
+                   ) -> Callable[[tuple], object]:
   """The actor behind the sampler, one :class:`~rsi_jax.pipeline.rollouts.RolloutPolicy` per episode or call
-  (seeded from the tag with ``rollout.deterministic``)."""
+  (seeded from the tag with ``rollout.deterministic``); ``abort``: one switch that stops them all."""
   from rsi_jax.pipeline.rollouts import RolloutPolicy, derive_seed
-  return lambda tag: RolloutPolicy(sampler, threading.Event(), derive_seed(seed, *tag) if deterministic else None)
+  return lambda tag: RolloutPolicy(sampler, abort if abort is not None else threading.Event(),
+                                   derive_seed(seed, *tag) if deterministic else None)

@@ -59,7 +59,9 @@ def test_lineage_chains_phases_and_carries_the_critic(run):
   for e in lineage:
     assert len(e["config_digest"]) == 16 and e["code_version"]
     assert (e["reward_table_digest"] is None) == (e["kind"] == "rsr")
-  assert result["final"] == lineage[-1]["output"]
+  # paths inside the run folder are stored relative to it (a copied or moved run points into itself)
+  assert all(e["output"] == f"checkpoints/{e['phase']}/{e['steps']}" for e in lineage)
+  assert result["final"] == str(run_dir / lineage[-1]["output"])
 
 
 def test_checkpoints_hold_params_and_fresh_optimizer_states(run):
@@ -75,7 +77,7 @@ def test_checkpoints_hold_params_and_fresh_optimizer_states(run):
   assert (ck / "rpr1" / "2" / "actor_opt").is_dir()
   meta = json.loads((first / "meta" / "metadata").read_text())
   assert meta["phase"] == "rpr1" and meta["cursor"] == 5 and meta["update"] == cfg.rl.minibatches
-  assert meta["reward_table_digest"] and meta["started_from"]["actor"].endswith("critic_seed/1")
+  assert meta["reward_table_digest"] and meta["started_from"]["actor"] == "checkpoints/critic_seed/1"
 
   def counts(item):
     tree = ocp.StandardCheckpointer().restore(first / item)
@@ -92,7 +94,7 @@ def test_final_checkpoint_restores_onto_the_mesh(run):
   lineage = _lineage(run_dir)
   mesh = build_mesh(cfg)
   actor, critic = Actor(cfg, mesh), Critic(cfg, mesh)
-  got = restore_params(lineage[-1]["output"], actor=actor.abstract_params, critic=critic.abstract_params)
+  got = restore_params(str(run_dir / lineage[-1]["output"]), actor=actor.abstract_params, critic=critic.abstract_params)
   assert params_digest(got["critic"]) == lineage[-1]["critic_digest"]
   assert params_digest(got["actor"]) == lineage[-1]["actor_digest"]
   # a phase folder resolves to its newest step
@@ -176,7 +178,7 @@ def test_rerun_of_a_finished_run_trains_nothing(run):
   cfg, _, run_dir = run
   before = (run_dir / "metrics.jsonl").read_text()
   r = Driver(cfg, []).run()
-  assert r["resumed"] and r["final"] == _lineage(run_dir)[-1]["output"]
+  assert r["resumed"] and r["final"] == str(run_dir / _lineage(run_dir)[-1]["output"])
   assert (run_dir / "metrics.jsonl").read_text() == before
 
 

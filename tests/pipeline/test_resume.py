@@ -4,7 +4,9 @@ actor and critic weights bitwise equal to an uninterrupted run (``rollout.determ
 
 import json
 import os
+import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,8 +74,8 @@ def _finish(p):
 
 
 def _final_params(run_dir: Path) -> dict:
-  final = json.loads((run_dir / "lineage.json").read_text())[-1]["output"]
-  return {k: ocp.StandardCheckpointer().restore(Path(final) / k) for k in ("actor", "critic")}
+  final = run_dir / json.loads((run_dir / "lineage.json").read_text())[-1]["output"]
+  return {k: ocp.StandardCheckpointer().restore(final / k) for k in ("actor", "critic")}
 
 
 @pytest.fixture(scope="module")
@@ -85,19 +87,79 @@ def runs(tmp_path_factory, docker_client):
   # killed inside RPR-1
   rc, term_out, _ = _signal_after(_start(out, "b"), b, "rsr1", 2, signal.SIGTERM)
   preempted_at = max(r["step"] for r in _records(b) if r["phase"] == "rsr1")
-  # resuming with another task pool is refused (the checkpoint's data order belongs to its pool), changing nothing
-  other = _start(out, "b", "env.max_tasks=1")
+  # resuming with another task pool is refused (the checkpoint's data order belongs to its pool), changing nothing,
+  # even where a config change is allowed
+  other = _start(out, "b", "env.max_tasks=1", "run.allow_config_change=true")
   other_out, other_err = other.communicate(timeout=600)
   rc_kill, _, _ = _signal_after(_start(out, "b"), b, "rpr1", 2, signal.SIGKILL)
   b_out, _ = _finish(_start(out, "b"))
+  # run c, stopped three times at moments that are not step boundaries: SIGTERM inside the RSR funnel (its
+  # episode containers up), Ctrl-C at the rsr1 -> rpr1 boundary, SIGTERM at a random moment inside an RPR step
+  c = out / "c"
+  stops = {"funnel": _stop_when(_start(out, "c"), lambda: _containers(docker_client, "c"), signal.SIGTERM),
+           "boundary": _stop_when(_start(out, "c"), lambda: _has_step(c, "rsr1", 4), signal.SIGINT)}
+  stops["boundary"]["records"] = [(r["phase"], r["step"]) for r in _records(c)]
+  delay = random.Random(os.getpid()).uniform(0.0, 2.0)
+  stops["mid_step"] = _stop_when(_start(out, "c"), lambda: _has_step(c, "rpr1", 1), signal.SIGTERM, delay)
+  stops["mid_step"]["delay"] = delay
+  c_out, _ = _finish(_start(out, "c"))
+  # run d: a copy of the finished run b whose last rpr1 step is corrupted (4 KiB of flipped bytes) and whose
+  # lineage lost its rpr1 entry; resumed while b's checkpoints are out of the way, it must read its own
+  # checkpoints (paths relative to the run folder), refuse step 3, fall back to step 2 and redo step 3
+  d = out / "d"
+  shutil.copytree(b, d)
+  lineage = json.loads((d / "lineage.json").read_text())
+  (d / "lineage.json").write_text(json.dumps([e for e in lineage if e["phase"] != "rpr1"]))
+  data = max((f for f in (d / "checkpoints" / "rpr1" / "3" / "actor").rglob("*") if f.is_file()),
+             key=lambda f: f.stat().st_size)
+  raw = bytearray(data.read_bytes())
+  mid = len(raw) // 2
+  raw[mid:mid + 4096] = bytes(x ^ 0xFF for x in raw[mid:mid + 4096])
+  data.write_bytes(bytes(raw))
+  (b / "checkpoints").rename(b / "checkpoints.away")
+  try:
+    d_out, _ = _finish(_start(out, "d"))
+  finally:
+    (b / "checkpoints.away").rename(b / "checkpoints")
   return {"out": out, "a_out": a_out, "a_err": a_err, "term_rc": rc, "term_out": term_out,
           "preempted_at": preempted_at, "kill_rc": rc_kill, "b_out": b_out,
-          "other_pool": (other.returncode, other_out + other_err)}
+          "other_pool": (other.returncode, other_out + other_err), "stops": stops, "c_out": c_out, "d_out": d_out,
+          "containers_left": _containers(docker_client, "")}
+
+
+def _has_step(run_dir: Path, phase: str, step: int) -> bool:
+  return any(r["phase"] == phase and r["step"] == step for r in _records(run_dir))
+
+
+def _containers(client, run_name: str) -> list:
+  """Containers of runs named ``run_name`` ("" = any run of this module)."""
+  from rsi_jax.env.sandbox import LABEL_RUN
+  return [x for x in client.containers.list(all=True, filters={"label": LABEL_RUN}, ignore_removed=True)
+          if x.labels.get(LABEL_RUN, "").rsplit("-", 1)[0] in ((run_name,) if run_name else ("a", "b", "c"))]
+
+
+def _stop_when(p: subprocess.Popen, cond, sig, delay: float = 0.0, timeout: float = 600) -> dict:
+  """Send ``sig`` ``delay`` seconds after ``cond()`` first holds; the exit status, the seconds from the signal to
+  the exit, and the output."""
+  t0 = time.time()
+  while not cond():
+    if p.poll() is not None:
+      out, err = p.communicate()
+      raise AssertionError(f"run ended (rc {p.returncode}) before the moment to stop it:\n{out}\n{err[-3000:]}")
+    if time.time() - t0 > timeout:
+      p.kill()
+      raise AssertionError(f"the moment to stop the run did not come within {timeout}s")
+    time.sleep(0.05)
+  time.sleep(delay)
+  t_sig = time.time()
+  p.send_signal(sig)
+  out, err = p.communicate(timeout=600)
+  return {"rc": p.returncode, "seconds": time.time() - t_sig, "out": out, "err": err}
 
 
 def test_resuming_on_another_task_pool_is_refused(runs):
   rc, out = runs["other_pool"]
-  assert rc != 0
+  assert rc == 2
   assert re.search(r"rsr1: its checkpoint at step \d+ was trained on another task pool \(digest [0-9a-f]{16}\) "
                    r"than env\.tasks_dir / env\.max_tasks now give \([0-9a-f]{16}, 1 tasks\)", out), out[-3000:]
 
@@ -139,3 +201,55 @@ def test_console_shows_step_lines_not_library_chatter(runs):
   assert "lineage" in out and "tensorboard" in out and "plots" in out and "metrics.jsonl" in out
   log = (runs["out"] / "a" / "train.log").read_text()
   assert re.search(r"^I\d{4} .*checkpoint", log, re.M)  # the chatter went to the run's log file
+
+
+BUDGET = 25.0  # seconds: a preemption notice gives about 30
+
+
+def test_sigterm_inside_the_rsr_funnel_stops_at_once(runs):
+  st = runs["stops"]["funnel"]
+  assert st["rc"] == 0, st["out"] + st["err"][-3000:]
+  assert st["seconds"] < BUDGET, st
+  assert ("preempted (SIGTERM): no step of the phase had finished (it starts again from init(seed=0)); rerun the "
+          "same command to resume") in st["out"], st["out"]
+  assert "Traceback" not in st["out"] + st["err"]
+
+
+def test_ctrl_c_at_a_phase_boundary_stops_before_the_next_phase(runs):
+  st = runs["stops"]["boundary"]
+  assert st["rc"] == 130, st["out"] + st["err"][-3000:]
+  assert st["seconds"] < BUDGET, st
+  assert re.search(r"preempted \(Ctrl-C\): checkpoint written to \S+/c/checkpoints/rsr1/4;", st["out"]), st["out"]
+  # nothing of rpr1 ran: the notice was seen at the boundary, not one step into the next phase
+  assert st["records"] == [("rsr1", 1), ("rsr1", 2), ("rsr1", 3), ("rsr1", 4)]
+
+
+def test_sigterm_inside_a_step_aborts_its_episodes_within_the_budget(runs):
+  st = runs["stops"]["mid_step"]
+  assert st["rc"] == 0, st["out"] + st["err"][-3000:]
+  assert st["seconds"] < BUDGET, st
+  assert re.search(r"preempted \(SIGTERM\): checkpoint written to \S+/c/checkpoints/rpr1/[12];", st["out"])
+
+
+def test_stopped_three_times_the_run_ends_bitwise_equal_to_an_uninterrupted_one(runs):
+  assert "resuming after step" in runs["c_out"]
+  a, c = _final_params(runs["out"] / "a"), _final_params(runs["out"] / "c")
+  for role in ("actor", "critic"):
+    la, lc = jax.tree_util.tree_leaves(a[role]), jax.tree_util.tree_leaves(c[role])
+    assert len(la) == len(lc) > 0
+    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lc)), role
+  ra, rc = _records(runs["out"] / "a"), _records(runs["out"] / "c")
+  assert [(r["phase"], r["step"], r.get("loss")) for r in rc] == [(r["phase"], r["step"], r.get("loss")) for r in ra]
+  assert runs["containers_left"] == []  # no container of any of these runs is left
+
+
+def test_a_copied_run_with_a_corrupted_newest_checkpoint_falls_back_and_ends_bitwise_equal(runs):
+  out = runs["d_out"]
+  assert re.search(r"^\[rpr1\] step 3 was refused \(checkpoint \S+/d/checkpoints/rpr1/3: item 'actor' .+\); kept as "
+                   r"\S+/d/checkpoints/rpr1/3\.refused-", out, re.M), out
+  assert re.search(r"^\[rpr1\] resuming after step 2 \(\S+/d/checkpoints/rpr1/2\)", out, re.M), out
+  a, d = _final_params(runs["out"] / "a"), _final_params(runs["out"] / "d")
+  for role in ("actor", "critic"):
+    assert all(np.array_equal(np.asarray(x), np.asarray(y))
+               for x, y in zip(jax.tree_util.tree_leaves(a[role]), jax.tree_util.tree_leaves(d[role]))), role
+  assert str(runs["out"] / "b") not in out  # nothing of the original folder was read or named
