@@ -8,7 +8,8 @@ Order of operations in the episode's container, once the agent's last command ha
    Python interpreter, its library and site-packages, pytest, the dynamic loader and shared libraries, and a
    new program in a bin directory that shadows one of the same name elsewhere on the verifier's PATH);
    tampering fails the episode (S = 0). Parent-directory entries of ``docker diff`` and byte-code are not
-   tampering (an agent that ran Python or its own pytest and then solved the task is not punished);
+   tampering (an agent that ran Python or its own pytest and then solved the task is not punished), but
+   byte-code the agent added or changed in those trees is deleted before the tests run;
 3. delete ``/logs/verifier``, ``/tests`` and pytest configuration files planted at ``/`` (with tools named
    by absolute path), then copy the task's tests to ``/tests`` (they were never in the container before)
    and the pytest guard (:mod:`rsi_jax.env.pytest_guard`);
@@ -121,6 +122,22 @@ def tampered_paths(changed) -> list[str]:
   return out
 
 
+def agent_bytecode(changed) -> list[str]:
+  """Byte-code the agent added or changed inside what the verifier runs on (``docker diff`` entries under the
+  protected trees: the interpreter's library, site-packages, the verifier's fetched tools). A test script that
+  runs Python in isolated mode (``-I``) ignores the verifier's fresh pycache prefix and would load it in place
+  of the source; the verifier deletes it first (Python falls back to the source, so nothing legitimate is
+  lost)."""
+  out = []
+  for c in changed:
+    path, kind = (c, KIND_MODIFIED) if isinstance(c, str) else (c["Path"], c.get("Kind", KIND_MODIFIED))
+    if kind == KIND_DELETED or not _PROTECTED_ANY.match(path):
+      continue
+    if path.endswith((".pyc", ".pyo")) or (kind == KIND_ADDED and path.endswith("/__pycache__")):
+      out.append(path)
+  return out
+
+
 def _ancestors(path: str) -> list[str]:
   parts = path.strip("/").split("/")
   return ["/" + "/".join(parts[:i]) for i in range(1, len(parts))]
@@ -178,7 +195,13 @@ def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0) -> VerifierRun:
     out = dataclasses.replace(out, state=VerificationState.INVALID_REPORT,
                               reason=f"verifier tools tampered with: {', '.join(bad[:5])}")
     return VerifierRun(out, "", None, time.time() - t0, tampered=tuple(bad))
-  # 3. A clean slate: no pre-written report, no planted tests or pytest configuration.
+  # 3. A clean slate: no pre-written report, no planted tests or pytest configuration, no byte-code of the
+  # agent's in the verifier's own trees.
+  stale = agent_bytecode(changes)
+  for i in range(0, len(stale), 500):
+    rm = sandbox.exec_raw(["/bin/rm", "-rf", "--", *stale[i:i + 500]], timeout_s=60)
+    if rm.exit_code != 0:
+      raise SandboxError(VERIFIER_ERROR, f"could not remove the agent's byte-code: {rm.output[-300:]}")
   nonce = secrets.token_hex(16)
   clean = sandbox.exec_raw(["/bin/rm", "-rf", LOGS_DIR, TESTS_DIR, GUARD_DIR, GUARD_LIB, *PLANTED_CONFIG],
                            timeout_s=30)
