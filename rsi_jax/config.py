@@ -51,11 +51,18 @@ class RunConfig:
   # resuming with settings that differ from the run folder's config.yml (anything but the console, resume and
   # the folder's location) is refused unless this is set; the change is then recorded in lineage.json
   allow_config_change: bool = False
+  # SIGTERM / Ctrl-C: the run aborts what runs, checkpoints and exits; should that take longer than this (a hung
+  # Docker call, a long update), the process ends at this many seconds after the notice regardless (its
+  # containers removed; the rerun resumes the newest complete checkpoint, which a write in progress never
+  # replaces). A preemption notice gives ~30 s. 0 = no limit
+  preempt_budget_s: float = 25.0
 
   def validate(self, p):
     _check(self.name != "", f"{p}.name", "must not be empty")
     _check("/" not in self.name, f"{p}.name", f"must not contain '/', got {self.name!r}")
     _check(self.output_dir != "", f"{p}.output_dir", "must not be empty")
+    _check(self.preempt_budget_s >= 0, f"{p}.preempt_budget_s", f"must be >= 0 (0 = no limit), got "
+           f"{self.preempt_budget_s}")
     check_location(self.output_dir, f"{p}.output_dir")
     _check(self.resume in ("auto", "never"), f"{p}.resume", f"must be 'auto' or 'never', got {self.resume!r}")
     _check(self.log_level in ("debug", "info", "warning", "error"), f"{p}.log_level",

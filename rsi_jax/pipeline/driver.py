@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -313,10 +314,12 @@ class _Stop:
 
   SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 
-  def __init__(self):
+  def __init__(self, budget_s: float = 0.0, console=None):
     self.requested = False
     self.signal_name = "SIGTERM"
+    self.budget_s, self.console = budget_s, console
     self._old = {}
+    self._timer = None
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
@@ -326,13 +329,33 @@ class _Stop:
   def _handle(self, signum, frame):
     if self.requested and signum == signal.SIGINT:
       raise KeyboardInterrupt
+    if not self.requested and self.budget_s > 0:
+      self._timer = threading.Timer(self.budget_s, self._expire)
+      self._timer.daemon = True
+      self._timer.start()
     self.requested = True
     self.signal_name = self.SIGNALS.get(signum, "SIGTERM")
+
+  def _expire(self):
+    """run.preempt_budget_s passed since the notice and the run has not stopped: end the process now. The
+    newest complete checkpoint is on storage (a step folder appears only once whole), so the rerun resumes."""
+    from rsi_jax.env.sandbox import _remove_all_live
+    msg = (f"preempted ({self.signal_name}): still stopping after run.preempt_budget_s={self.budget_s:g} s: "
+           f"ended now; rerun the same command to resume from the newest complete checkpoint")
+    try:
+      logging.error(msg)
+      if self.console is not None:
+        self.console.line(msg)
+      _remove_all_live()  # the episodes' containers (os._exit skips the atexit teardown)
+    finally:
+      os._exit(130 if self.signal_name == "Ctrl-C" else 0)
 
   def __exit__(self, *exc):
     for s, old in self._old.items():
       signal.signal(s, old)
     self._old = {}
+    if self._timer is not None and exc[0] is None:  # the run ended on its own; a stopping run keeps the limit
+      self._timer.cancel()                           # through its teardown (the pool, the sampler)
 
   def now(self) -> bool:
     return any(multihost.gather_objects([self.requested]))
@@ -427,7 +450,7 @@ class Driver:
     prev = None
     t0 = time.time()
     try:
-      with _Stop() as stop:
+      with _Stop(self.cfg.run.preempt_budget_s, self.console) as stop:
         ctx.stop = stop
         for index, spec in enumerate(plan):
           if spec.name in done:
@@ -767,8 +790,8 @@ class Driver:
 
 # settings that do not change what a run computes: the console, resuming, and where the run folder lies (a
 # copied or moved run resumes from its own folder)
-_NOT_TRAINING = ("run.progress", "run.log_level", "run.resume", "run.allow_config_change", "run.name",
-                 "run.output_dir")
+_NOT_TRAINING = ("run.progress", "run.log_level", "run.resume", "run.allow_config_change", "run.preempt_budget_s",
+                 "run.name", "run.output_dir")
 
 
 def _training_settings(config_yaml: str) -> dict:

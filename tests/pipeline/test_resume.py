@@ -203,7 +203,7 @@ def test_console_shows_step_lines_not_library_chatter(runs):
   assert re.search(r"^I\d{4} .*checkpoint", log, re.M)  # the chatter went to the run's log file
 
 
-BUDGET = 25.0  # seconds: a preemption notice gives about 30
+BUDGET = 25.0  # run.preempt_budget_s's default (a preemption notice gives about 30 s)
 
 
 def test_sigterm_inside_the_rsr_funnel_stops_at_once(runs):
