@@ -22,12 +22,14 @@ import numpy as np
 from etils import epath
 
 from rsi_jax.env.harness import ChatHarness, Segment
+from rsi_jax.env.records import episode_from_json, episode_to_json
 from rsi_jax.env.tasks import tasks_digest
 from rsi_jax.policy import FINISH_LENGTH, FINISH_REJECTED, SamplingParams
 from rsi_jax.rl.batch import Sample, episode_samples, save_samples
 from rsi_jax.rl.outcome_table import outcome_row
 from rsi_jax.rsr.control import strip_control
 from rsi_jax.rsr.review import ModelJudge, review, screen_trajectory
+from rsi_jax.rsr.progress import FunnelProgress
 from rsi_jax.rsr.runbook import load_template, parse_runbook
 from rsi_jax.stop import wait_all
 
@@ -129,11 +131,27 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
   plan_sampling = dataclasses.replace(sampling, max_new_tokens=r.runbook_max_tokens)
   counts = _Counts()
   network = cfg.env.network != "none"
+  templates = {"plan": plan_t, "exec": exec_t, "judge": judge_t}
+  progress = None if workdir is None else FunnelProgress(workdir, {
+      "input_actor_digest": input_digest, "tasks_digest": tasks_digest(tasks), "policy": label,
+      "settings": _settings(r), "templates": {k: t.digest for k, t in templates.items() if t is not None}})
+
+  def start(stage: str, i: int, submit, to_record, from_record):
+    """Unit ``i`` of ``stage``: its recorded result, or started now and recorded when it finishes."""
+    if progress is not None and i in progress.done[stage]:
+      fut = cf.Future()
+      fut.set_result(from_record(progress.done[stage][i]))
+      return fut
+    fut = submit()
+    if progress is not None:
+      fut.add_done_callback(progress.recorder(stage, i, to_record, keep=_not_aborted))
+    return fut
 
   # 1. discovery: every task under every harness, rsr.discovery_attempts times; keep what verifies
   jobs = [(t, h, a) for t in tasks for h in r.harnesses for a in range(r.discovery_attempts)]
-  futs = [pool.submit(t, make_harness(h, policy_for(("discover", t.name, h, a)), renderer, sampling,
-                                      env_cfg=cfg.env), abort=abort) for t, h, a in jobs]
+  futs = [start("discovery", j, lambda t=t, h=h, a=a: pool.submit(
+      t, make_harness(h, policy_for(("discover", t.name, h, a)), renderer, sampling, env_cfg=cfg.env), abort=abort),
+      episode_to_json, episode_from_json) for j, (t, h, a) in enumerate(jobs)]
   discovered, outcomes = [], []
   for (t, h, _), res in zip(jobs, wait_all(futs, stop, aborts)):
     outcomes.append(outcome_row(0, res))  # the verifier's reports: FDR calibration of later rollout phases
@@ -145,7 +163,7 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
       discovered.append((t, h, res))
   log(f"discovery: {len(discovered)} verified of {len(jobs)} episodes")
   if r.num_runbooks == 0:  # the runbook stage off: verified self-imitation
-    return _self_imitation(cfg, tasks, discovered, counts, label, workdir, input_digest, log, outcomes)
+    return _self_imitation(cfg, tasks, discovered, counts, label, workdir, input_digest, log, outcomes, progress)
 
   # 2-3. planning from C(τ), then the review gate
   judge = ModelJudge(policy_for(("judge",)), renderer, judge_t, dataclasses.replace(
@@ -165,7 +183,8 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
     return None, parse_runbook(renderer.decode([i for i in comp.token_ids if i not in renderer.eos_ids]))
 
   with cf.ThreadPoolExecutor(max(1, min(16, len(plans) or 1)), thread_name_prefix="rsr-plan") as ex:
-    texts = wait_all([ex.submit(plan, *p) for p in plans], stop, aborts)
+    texts = wait_all([start("planning", i, lambda p=p: ex.submit(plan, *p), list, tuple)
+                      for i, p in enumerate(plans)], stop, aborts)
   runbooks, accepted_runbooks = [], []
   for (d, k), (failed, text) in zip(plans, texts):
     t, h, res = discovered[d]
@@ -194,7 +213,9 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
       guide = (lambda task, text=text: exec_t.render(instruction=task.instruction.strip(), runbook=text))
       harness = make_harness(r.target_harness, policy_for(("execute", t.name, rb_id, m)), renderer, sampling,
                              env_cfg=cfg.env, guidance=guide)
-      ex_jobs.append((rb_id, t, h, m, harness, pool.submit(t, harness, abort=abort)))
+      run = lambda t=t, harness=harness: pool.submit(t, harness, abort=abort)  # noqa: E731
+      ex_jobs.append((rb_id, t, h, m, harness,
+                      start("execution", len(ex_jobs), run, episode_to_json, episode_from_json)))
   episodes, records, executions = [], [], []
   for (rb_id, t, h, m, harness, _), res in zip(ex_jobs, wait_all([j[-1] for j in ex_jobs], stop, aborts)):
     counts.add("executed", t.family, h)
@@ -225,11 +246,24 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
     executions.append(row)
   log(f"execution: {len(records)} accepted of {len(ex_jobs)} runs")
 
-  return _finish(cfg, tasks, counts, label, input_digest, {"plan": plan_t, "exec": exec_t, "judge": judge_t},
-                 workdir, episodes, records, runbooks, executions, outcomes)
+  return _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episodes, records, runbooks,
+                 executions, outcomes, progress)
 
 
-def _self_imitation(cfg, tasks, discovered, counts, label, workdir, input_digest, log, outcomes) -> FunnelResult:
+def _not_aborted(res) -> bool:
+  """What a progress record may hold: a planning result, or an episode not stopped by a stop notice."""
+  from rsi_jax.env.pool import ABORTED
+  return getattr(res, "failure_kind", "") != ABORTED
+
+
+def _settings(r) -> dict:
+  return {"harnesses": list(r.harnesses), "target_harness": r.target_harness,
+          "discovery_attempts": r.discovery_attempts, "num_runbooks": r.num_runbooks,
+          "num_repeats": r.num_repeats, "judge": bool(r.judge), "families": list(r.families)}
+
+
+def _self_imitation(cfg, tasks, discovered, counts, label, workdir, input_digest, log, outcomes,
+                    progress=None) -> FunnelResult:
   """``rsr.num_runbooks: 0``: no planning, review or fresh execution; each verified discovery episode that
   passes the leakage screen is a Q_clean item as it was generated (its prompt is the public one already)."""
   episodes, records, executions = [], [], []
@@ -248,17 +282,15 @@ def _self_imitation(cfg, tasks, discovered, counts, label, workdir, input_digest
                     "episode_id": res.episode_id})
   log(f"self-imitation (runbook stage off): {len(records)} accepted of {len(discovered)} verified discoveries")
   return _finish(cfg, tasks, counts, f"{label}, runbook stage off (verified self-imitation)", input_digest, {},
-                 workdir, episodes, records, [], executions, outcomes)
+                 workdir, episodes, records, [], executions, outcomes, progress)
 
 
 def _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episodes, records, runbooks,
-            executions, outcomes) -> FunnelResult:
+            executions, outcomes, progress=None) -> FunnelResult:
   r = cfg.rsr
   manifest = {
       "policy": label, "tasks": len(tasks), "tasks_digest": tasks_digest(tasks), "input_actor_digest": input_digest,
-      "settings": {"harnesses": list(r.harnesses), "target_harness": r.target_harness,
-                   "discovery_attempts": r.discovery_attempts, "num_runbooks": r.num_runbooks,
-                   "num_repeats": r.num_repeats, "judge": bool(r.judge), "families": list(r.families)},
+      "settings": _settings(r),
       "templates": {k: {"path": t.path, "version": t.version, "digest": t.digest}
                     for k, t in templates.items() if t is not None},
       "stages": counts.table(counts.total),
@@ -266,6 +298,8 @@ def _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episode
       "by_harness": {k: counts.table(v) for k, v in sorted(counts.harness.items())},
       "empty_reason": None if records else _empty_reason(counts.total, self_imitation=r.num_runbooks == 0),
   }
+  if progress is not None:  # what an interrupted attempt had finished, and what recording it cost
+    manifest["progress"] = {"restored": progress.restored, "record_seconds": round(progress.seconds, 3)}
   if workdir is not None:
     d = epath.Path(workdir)
     d.mkdir(parents=True, exist_ok=True)

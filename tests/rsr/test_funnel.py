@@ -172,3 +172,61 @@ def test_projection_keeps_sampled_ids_and_masks_exactly(pool, tasks, tokenizer, 
   assert public[0] == plain.initial_prompt(task)
 
 
+
+
+class _StopAfterRecords:
+  """A stop notice (what the driver's SIGTERM handler sets) given once the funnel has recorded ``n`` units of
+  ``stage``."""
+  signal_name = "SIGTERM"
+
+  def __init__(self, workdir, stage: str, n: int):
+    self.dir, self.n = workdir / "progress" / stage, n
+
+  @property
+  def requested(self) -> bool:
+    return self.dir.exists() and len(list(self.dir.glob("*.json.gz"))) >= self.n
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_interrupted_funnel_continues_from_its_records_and_ends_the_same(pool, tasks, tokenizer, renderer,
+                                                                          tmp_path):
+  """A stop notice during discovery, then again during execution: each attempt raises StopRequested with its
+  running episodes aborted (not recorded); the next continues from the records (the recorded units are not run
+  again) and the last ends with the stages, records and Q_clean (ids, masks, logprobs) of an uninterrupted
+  funnel."""
+  from rsi_jax.env.records import episode_from_json, episode_to_json
+  from rsi_jax.stop import StopRequested
+  cfg = load_config(CONFIG_DIR / "smoke.yml", ["rsr.num_runbooks=2", "rsr.num_repeats=2", "rsr.harnesses=[json]"])
+  policy = LeakyScriptedPolicy(tokenizer, tasks, leaky_plan=NAMES[1], leaky_exec="")
+  whole = run_funnel(cfg, tasks, pool, renderer, lambda tag: policy, label=LABEL, workdir=str(tmp_path / "a"))
+  b = tmp_path / "b"
+  ran, stopped = [], []
+  for stop in (_StopAfterRecords(b, "discovery", 1), _StopAfterRecords(b, "execution", 1), None):
+    before = pool.counts["episodes"]
+    try:
+      got = run_funnel(cfg, tasks, pool, renderer, lambda tag: policy, label=LABEL, workdir=str(b), stop=stop)
+      stopped.append(False)
+    except StopRequested as e:
+      assert str(e) == "SIGTERM" and not (b / "rsr_manifest.json").exists()
+      stopped.append(True)
+    ran.append(pool.counts["episodes"] - before)
+  assert stopped == [True, True, False]
+  restored = got.manifest["progress"]["restored"]
+  st = whole.manifest["stages"]
+  assert restored["discovery"] == st["attempted"] == 3 and restored["planning"] == st["planned"] == 6
+  assert 1 <= restored["execution"] < st["executed"]
+  # the last attempt ran only the executions not recorded; nothing recorded was run again
+  assert ran[2] == st["executed"] - restored["execution"]
+  assert got.manifest["stages"] == st and got.manifest["progress"]["record_seconds"] > 0
+  strip = lambda recs: [{k: v for k, v in r.items() if k != "episode_id"} for r in recs]  # noqa: E731
+  assert strip(got.records) == strip(whole.records) and len(got.records) == st["accepted"] > 0
+  for ea, eb in zip(whole.episodes, got.episodes):
+    for sa, sb in zip(ea, eb):
+      for f in ("ids", "gen_mask", "logprobs", "turn_ids", "weight_versions"):
+        assert np.array_equal(getattr(sa, f), getattr(sb, f)), f
+  # a record is the episode exactly
+  rec = json.loads(__import__("gzip").decompress((b / "progress" / "discovery" / "0.json.gz").read_bytes()))
+  res = episode_from_json(rec)
+  assert episode_to_json(res) == rec and res.success == 1 and res.turns and res.segments
+  assert res.segments[0].logprobs.dtype == np.float32 and res.turns[0].prompt_ids.dtype == np.int32
