@@ -647,6 +647,7 @@ class Driver:
       state = PhaseState(train, seed=int(meta["seed"]), cursor=int(meta["cursor"]), data=meta.get("data_state"))
       started_from = run_paths(meta["started_from"], self.run_dir, absolute=True)
       start_digest = meta.get("critic_digest_at_start")
+      phase.actor_start_digest = meta.get("actor_digest_at_start")  # the phase's input, not the mid-phase actor
       self.console.line(f"[{spec.name}] resuming after step {latest} ({ckpts.step_dir(latest)})")
     else:
       actor_p, actor_src = self._actor_start(ctx, spec, index, prev, mem)
@@ -657,6 +658,7 @@ class Driver:
       state = PhaseState(train, seed=_phase_seed(self.cfg.run.seed, spec.name))
       started_from = {"actor": actor_src, "critic": critic_src}
       start_digest = params_digest(critic_p) if critic_p is not None else None
+      phase.actor_start_digest = params_digest(actor_p)
       latest = 0
     try:
       return self._steps(ctx, spec, phase, ckpts, state, latest, started_from, start_digest, carried, stop, t0)
@@ -685,7 +687,8 @@ class Driver:
     def meta():
       return {"phase": spec.name, "seed": state.seed, "cursor": state.cursor, "data_state": state.data,
               "started_from": run_paths(started_from, self.run_dir, absolute=False),
-              "critic_digest_at_start": start_digest, "reward_table_digest": phase.reward_digest(),
+              "critic_digest_at_start": start_digest, "actor_digest_at_start": phase.actor_start_digest,
+              "reward_table_digest": phase.reward_digest(),
               "config_digest": config_digest(cfg), "tasks_digest": tasks_digest(ctx.tasks_for(cfg))}
 
     def full(train):  # what a checkpoint of this phase holds: the carried critic too

@@ -106,6 +106,8 @@ class Phase:
     self.name, self.cfg, self.ctx, self.workdir = name, cfg, ctx, workdir
     self.earlier = tuple(earlier)  # (name, kind, workdir) of the phases before this one in the plan
     self.num_steps = 0
+    # digest of the actor the phase started from (set by the driver; a resumed phase's comes from its checkpoint)
+    self.actor_start_digest: str | None = None
 
   def setup(self, actor_params, step: int = 0) -> None:
     """Before the first step to run (``step`` > 0: resuming after that step)."""
@@ -161,7 +163,8 @@ class RSRPhase(Phase):
   def setup(self, actor_params, step=0):
     from rsi_jax.models.checkpoint import params_digest
     from rsi_jax.rsr.funnel import QClean, funnel_table
-    self.input_digest = params_digest(actor_params)  # the actor the phase (and its funnel) started from
+    # the actor the phase (and its funnel) started from: on resume, not the mid-phase actor it continues with
+    self.input_digest = self.actor_start_digest or params_digest(actor_params)
     # the first process reads what an earlier attempt stored or runs the funnel; every process trains on it
     got = multihost.from_primary(self._stored, step)
     if got is None:
@@ -190,6 +193,14 @@ class RSRPhase(Phase):
     if stored is not None and step == 0 and (stored.get("input_actor_digest") != self.input_digest
                                              or stored.get("tasks_digest") != tasks_digest(self.funnel_tasks())):
       return None  # the phase starts anew from other weights or on other tasks: its funnel runs again
+    if step > 0 and (stored is None or (self.actor_start_digest is not None
+                                        and stored.get("input_actor_digest") != self.input_digest)):
+      # the checkpoint's data-loader state indexes the Q_clean it trained on: another one cannot stand in
+      raise InvariantError(f"{self.name}: its checkpoint at step {step} trained on the Q_clean of {wd}, which "
+                           + ("is missing" if stored is None else
+                              f"now holds a funnel of another actor ({stored.get('input_actor_digest')}, not "
+                              f"{self.input_digest})")
+                           + f": restore that folder, or remove the phase's checkpoints to run it anew")
     if stored is None:
       return None
     records = read_jsonl(wd / "q_clean.jsonl")

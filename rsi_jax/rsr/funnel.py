@@ -15,6 +15,7 @@ import concurrent.futures as cf
 import dataclasses
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import grain
@@ -299,7 +300,8 @@ def _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episode
       "empty_reason": None if records else _empty_reason(counts.total, self_imitation=r.num_runbooks == 0),
   }
   if progress is not None:  # what an interrupted attempt had finished, and what recording it cost
-    manifest["progress"] = {"restored": progress.restored, "record_seconds": round(progress.seconds, 3)}
+    manifest["progress"] = {"restored": progress.restored, "record_seconds": round(progress.seconds, 3),
+                            "funnel_seconds": round(time.time() - progress.t0, 3)}
   if workdir is not None:
     d = epath.Path(workdir)
     d.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,7 @@ class FunnelProgress:
   def __init__(self, workdir: str, key: dict):
     self.dir = epath.Path(workdir) / "progress"
     self.seconds = 0.0  # spent writing records (their cost: the funnel's manifest reports it)
+    self.t0 = time.time()  # when this attempt of the funnel started
     self._lock = threading.Lock()
     key_file = self.dir / "key.json"
     key = json.loads(json.dumps(key))

@@ -53,24 +53,23 @@ def _records(run_dir: Path) -> list[dict]:
 
 def _signal_after(p: subprocess.Popen, run_dir: Path, phase: str, step: int, sig, timeout: float = 600):
   """Send ``sig`` once ``run_dir``'s metrics record ``phase`` ``step``; return (rc, stdout, stderr)."""
-  t0 = time.time()
-  while not any(r["phase"] == phase and r["step"] == step for r in _records(run_dir)):
-    if p.poll() is not None:
-      out, err = p.communicate()
-      raise AssertionError(f"run ended (rc {p.returncode}) before {phase} step {step}:\n{out}\n{err[-3000:]}")
-    if time.time() - t0 > timeout:
-      p.kill()
-      raise AssertionError(f"no {phase} step {step} record within {timeout}s")
-    time.sleep(0.05)
-  p.send_signal(sig)
-  out, err = p.communicate(timeout=600)
-  return p.returncode, out, err
+  st = _stop_when(p, lambda: _has_step(run_dir, phase, step), sig, timeout=timeout)
+  return st["rc"], st["out"], st["err"]
 
 
 def _finish(p):
   out, err = p.communicate(timeout=900)
   assert p.returncode == 0, f"rc {p.returncode}\n{out}\n{err[-3000:]}"
   return out, err
+
+
+def _assert_same_final_weights(run_a: Path, run_b: Path):
+  """The two runs' final actor and critic are bitwise equal."""
+  a, b = _final_params(run_a), _final_params(run_b)
+  for role in ("actor", "critic"):
+    la, lb = jax.tree_util.tree_leaves(a[role]), jax.tree_util.tree_leaves(b[role])
+    assert len(la) == len(lb) > 0
+    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb)), role
 
 
 def _final_params(run_dir: Path) -> dict:
@@ -87,6 +86,13 @@ def runs(tmp_path_factory, docker_client):
   # killed inside RPR-1
   rc, term_out, _ = _signal_after(_start(out, "b"), b, "rsr1", 2, signal.SIGTERM)
   preempted_at = max(r["step"] for r in _records(b) if r["phase"] == "rsr1")
+  # resuming without the phase folder that holds the Q_clean the checkpoint trained on is refused, naming it
+  (b / "phases" / "rsr1").rename(b / "phases" / "rsr1.away")
+  try:
+    lost = _start(out, "b")
+    lost_out, lost_err = lost.communicate(timeout=600)
+  finally:
+    (b / "phases" / "rsr1.away").rename(b / "phases" / "rsr1")
   # resuming with another task pool is refused (the checkpoint's data order belongs to its pool), changing nothing,
   # even where a config change is allowed
   other = _start(out, "b", "env.max_tasks=1", "run.allow_config_change=true")
@@ -123,7 +129,8 @@ def runs(tmp_path_factory, docker_client):
     (b / "checkpoints.away").rename(b / "checkpoints")
   return {"out": out, "a_out": a_out, "a_err": a_err, "term_rc": rc, "term_out": term_out,
           "preempted_at": preempted_at, "kill_rc": rc_kill, "b_out": b_out,
-          "other_pool": (other.returncode, other_out + other_err), "stops": stops, "c_out": c_out, "d_out": d_out,
+          "other_pool": (other.returncode, other_out + other_err), "lost_qclean": (lost.returncode, lost_out),
+          "stops": stops, "c_out": c_out, "d_out": d_out,
           "containers_left": _containers(docker_client, "")}
 
 
@@ -164,6 +171,21 @@ def test_resuming_on_another_task_pool_is_refused(runs):
                    r"than env\.tasks_dir / env\.max_tasks now give \([0-9a-f]{16}, 1 tasks\)", out), out[-3000:]
 
 
+def test_resuming_an_rsr_phase_needs_the_q_clean_it_trained_on(runs):
+  rc, out = runs["lost_qclean"]
+  assert rc == 1
+  assert re.search(r"run stopped: InvariantError: rsr1: its checkpoint at step \d+ trained on the Q_clean of "
+                   r"\S+/b/phases/rsr1, which is missing: restore that folder", out), out[-3000:]
+
+
+def test_a_resumed_rsr_phase_records_the_actor_it_started_from(runs):
+  """The lineage of the run preempted inside RSR-1 names the same input actor as the uninterrupted run (not the
+  mid-phase actor the resumed attempt continued with)."""
+  la = json.loads((runs["out"] / "a" / "lineage.json").read_text())
+  lb = json.loads((runs["out"] / "b" / "lineage.json").read_text())
+  assert la[0]["rsr"]["input_actor_digest"] == lb[0]["rsr"]["input_actor_digest"]
+
+
 def test_sigterm_writes_a_checkpoint_and_exits_0(runs):
   assert runs["term_rc"] == 0, runs["term_out"]
   assert "preempted (SIGTERM): checkpoint written to" in runs["term_out"]
@@ -175,11 +197,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_0(runs):
 def test_sigkill_and_rerun_end_bitwise_equal_to_an_uninterrupted_run(runs):
   assert runs["kill_rc"] == -signal.SIGKILL
   assert "resuming after step" in runs["b_out"]
-  a, b = _final_params(runs["out"] / "a"), _final_params(runs["out"] / "b")
-  for role in ("actor", "critic"):
-    la, lb = jax.tree_util.tree_leaves(a[role]), jax.tree_util.tree_leaves(b[role])
-    assert len(la) == len(lb) > 0
-    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb)), role
+  _assert_same_final_weights(runs["out"] / "a", runs["out"] / "b")
   lin_a = json.loads((runs["out"] / "a" / "lineage.json").read_text())
   lin_b = json.loads((runs["out"] / "b" / "lineage.json").read_text())
   assert [(e["actor_digest"], e["critic_digest"]) for e in lin_a] == \
@@ -233,11 +251,7 @@ def test_sigterm_inside_a_step_aborts_its_episodes_within_the_budget(runs):
 
 def test_stopped_three_times_the_run_ends_bitwise_equal_to_an_uninterrupted_one(runs):
   assert "resuming after step" in runs["c_out"]
-  a, c = _final_params(runs["out"] / "a"), _final_params(runs["out"] / "c")
-  for role in ("actor", "critic"):
-    la, lc = jax.tree_util.tree_leaves(a[role]), jax.tree_util.tree_leaves(c[role])
-    assert len(la) == len(lc) > 0
-    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lc)), role
+  _assert_same_final_weights(runs["out"] / "a", runs["out"] / "c")
   ra, rc = _records(runs["out"] / "a"), _records(runs["out"] / "c")
   assert [(r["phase"], r["step"], r.get("loss")) for r in rc] == [(r["phase"], r["step"], r.get("loss")) for r in ra]
   assert runs["containers_left"] == []  # no container of any of these runs is left
@@ -248,8 +262,5 @@ def test_a_copied_run_with_a_corrupted_newest_checkpoint_falls_back_and_ends_bit
   assert re.search(r"^\[rpr1\] step 3 was refused \(checkpoint \S+/d/checkpoints/rpr1/3: item 'actor' .+\); kept as "
                    r"\S+/d/checkpoints/rpr1/3\.refused-", out, re.M), out
   assert re.search(r"^\[rpr1\] resuming after step 2 \(\S+/d/checkpoints/rpr1/2\)", out, re.M), out
-  a, d = _final_params(runs["out"] / "a"), _final_params(runs["out"] / "d")
-  for role in ("actor", "critic"):
-    assert all(np.array_equal(np.asarray(x), np.asarray(y))
-               for x, y in zip(jax.tree_util.tree_leaves(a[role]), jax.tree_util.tree_leaves(d[role]))), role
+  _assert_same_final_weights(runs["out"] / "a", runs["out"] / "d")
   assert str(runs["out"] / "b") not in out  # nothing of the original folder was read or named
