@@ -53,7 +53,10 @@ def test_resume_drops_redone_evaluations_and_purges_tensorboard(tmp_path):
   evals = read_jsonl(tmp_path / "eval" / "metrics.jsonl")
   assert [(r["phase"], r["step"], r["mean_at_r"]) for r in evals] == [("rpr1", 1, 0.0), ("rpr1", 2, 50.0)]
   events = _events(tmp_path / "tensorboard")
-  files = sorted({name for name, _ in events})
+  first = {}
+  for name, ev in events:  # each attempt's file, in the order they were written (names may share a second)
+    first.setdefault(name, ev.wall_time)
+  files = sorted(first, key=first.get)
   assert len(files) == 2
   # the resumed attempt's file starts with TensorBoard's purge marker at the first redone global step (5)
   starts = [ev.step for name, ev in events if name == files[1] and ev.HasField("session_log")
