@@ -451,7 +451,9 @@ class Driver:
     t0 = time.time()
     try:
       with _Stop(self.cfg.run.preempt_budget_s, self.console) as stop:
-        ctx.stop = stop
+        # long waits inside a phase (a step's episodes, the RSR funnel) end early on a notice; a multi-host run
+        # acts on it at step boundaries only, where the processes agree on it
+        ctx.stop = stop if jax.process_count() == 1 else None
         for index, spec in enumerate(plan):
           if spec.name in done:
             prev = done[spec.name]

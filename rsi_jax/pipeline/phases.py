@@ -66,7 +66,9 @@ class RunContext:
   sampler: object = None  # rsi_jax.sampler.server.SamplerServer, created with the first weights it serves
   actor_version: int = 0  # the sampler's version number of the weights last handed to it
   eval_suite: tuple | None = None  # (tasks, frozen strata) of eval.tasks_dir, loaded at the first evaluation
-  stop: object = None  # the driver's stop notice (``.requested``, ``.signal_name``): long waits end early on it
+  # the driver's stop notice (``.requested``, ``.signal_name``) where long waits end early on it (None: a
+  # multi-host run, which acts on a notice at step boundaries only)
+  stop: object = None
   _served: object = None  # the weights last handed to the sampler
 
   def tasks_for(self, cfg) -> list:
@@ -221,9 +223,8 @@ class RSRPhase(Phase):
       policy_for = policy_factory(ctx.sampler, derive_seed(cfg.run.seed, "rsr", self.name),
                                   cfg.rollout.deterministic, abort)
       label = "the actor"
-    # the funnel runs on the first process only: it stops on a notice only in a single-process run
     res = run_funnel(cfg, tasks, ctx.pool, ctx.renderer, policy_for, label=label, workdir=self.workdir,
-                     input_digest=self.input_digest, stop=ctx.stop if jax.process_count() == 1 else None,
+                     input_digest=self.input_digest, stop=ctx.stop,
                      abort=abort)
     return res.records, res.episodes, res.manifest, ""
 
@@ -446,10 +447,7 @@ class RolloutPhase(Phase):
       self._ahead = None
     else:
       (fut, events), ahead = self._start(state, i), False
-    # a stop notice aborts the step's episodes (a multi-host run stops at step boundaries only: the processes
-    # agree on the notice there)
-    stop = ctx.stop if jax.process_count() == 1 else None
-    (eps, aborted, started, t_roll), = wait_all([fut], stop, events)
+    (eps, aborted, started, t_roll), = wait_all([fut], ctx.stop, events)  # a stop notice aborts the episodes
     # every process's episodes, in process order (= request order): the same batch on every process
     eps, aborted = multihost.gather_objects(eps), sum(multihost.gather_objects([aborted]))
     state = dataclasses.replace(state, cursor=state.cursor + started)

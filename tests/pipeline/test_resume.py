@@ -142,7 +142,7 @@ def _containers(client, run_name: str) -> list:
   """Containers of runs named ``run_name`` ("" = any run of this module)."""
   from rsi_jax.env.sandbox import LABEL_RUN
   return [x for x in client.containers.list(all=True, filters={"label": LABEL_RUN}, ignore_removed=True)
-          if x.labels.get(LABEL_RUN, "").rsplit("-", 1)[0] in ((run_name,) if run_name else ("a", "b", "c"))]
+          if x.labels.get(LABEL_RUN, "").rsplit("-", 1)[0] in ((run_name,) if run_name else ("a", "b", "c", "d"))]
 
 
 def _stop_when(p: subprocess.Popen, cond, sig, delay: float = 0.0, timeout: float = 600) -> dict:
