@@ -109,6 +109,9 @@ class Task:
   allow_internet: bool = False  # environment.allow_internet: the task needs the network while it runs
   verifier_env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # [verifier.env]
   private_in_image: tuple[str, ...] = ()  # container paths of private files the build copied: deleted first
+  # container path -> the task-folder file the build copied there (each of private_in_image): what the
+  # verifier puts back before the tests run, as TB1's harness leaves the image
+  private_origin: Mapping[str, Path] = dataclasses.field(default_factory=dict)
   metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the raw metadata file
 
   def summary(self) -> dict:
@@ -207,18 +210,18 @@ def _load_tb1(path: Path) -> Task:
   # Private files the Dockerfile names in a COPY stay in the build context (the build needs them) and are
   # deleted from the container before the agent starts; otherwise (e.g. "COPY . /app") they never enter it.
   _, copies = dockerfile_layout(dockerfile.read_text(errors="replace"))
-  needed, hidden = set(), set()
+  needed, origin = set(), {}
   for src, dst in copies:
     name = src.strip("/").removeprefix("./")
     if name not in TB1_PRIVATE or not (path / name).exists():
       continue
     needed.add(name)
     if (path / name).is_dir():  # a folder's content lands in the destination: delete those files only
-      hidden |= {dst.rstrip("/") + "/" + f.relative_to(path / name).as_posix()
-                 for f in (path / name).rglob("*") if f.is_file()}
+      origin |= {dst.rstrip("/") + "/" + f.relative_to(path / name).as_posix(): f
+                 for f in sorted((path / name).rglob("*")) if f.is_file()}
     else:
-      hidden.add(dst.rstrip("/") + "/" + name if dst.endswith("/") else dst)
-  hidden = sorted(hidden)
+      origin[dst.rstrip("/") + "/" + name if dst.endswith("/") else dst] = path / name
+  hidden = sorted(origin)
   return Task(
       name=path.name, path=path, layout=LAYOUT_TB1, instruction=instruction,
       family=_str(meta, "category", f, "category", default="default"),
@@ -232,7 +235,8 @@ def _load_tb1(path: Path) -> Task:
       memory_bytes=_memory(None, f, "memory"), pids_limit=None,
       dockerfile=dockerfile, context_dir=path, context_exclude=tuple(p for p in TB1_PRIVATE if p not in needed),
       tests_dir=tests, test_script="/tests/run-tests.sh", extra_test_files=(run_tests,),
-      solution=solution if solution.is_file() else None, metadata=meta, private_in_image=tuple(hidden))
+      solution=solution if solution.is_file() else None, metadata=meta, private_in_image=tuple(hidden),
+      private_origin={k: origin[k] for k in hidden})
 
 
 def dockerfile_layout(text: str) -> tuple[str, list[tuple[str, str]]]:
