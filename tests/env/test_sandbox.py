@@ -283,3 +283,104 @@ def test_commands_that_set_errexit_keep_their_result_under_load(box):
   # a failing command under errexit still reports its own status and output
   r = box.run("set -e\necho before\nfalse\necho after")
   assert (r.exit_code, r.output) == (1, "before\n")
+
+
+# ------------------------------------------------------------------------------------------ task images
+
+
+def _harbor(tmp_path, dockerfile: str, name: str = "build-check"):
+  """A Harbor task folder (the harbor-greeting fixture) with its own Dockerfile, loaded."""
+  import shutil
+
+  from rsi_jax.env.tasks import load_task
+
+  from .conftest import FIXTURES
+  d = tmp_path / name
+  shutil.copytree(FIXTURES / "harbor-greeting", d)
+  (d / "environment" / "Dockerfile").write_text(dockerfile)
+  return load_task(d)
+
+
+def test_context_links_are_copied_as_links_and_outside_ones_refused(tmp_path, docker_client):
+  """A link inside the build context (to a file, to a folder) reaches the image as that link, usable; one
+  that leaves the context (absolute, or out through `..`) refuses the build naming the link and its target,
+  and the file behind it is never read: not into an image, not into the image tag."""
+  import hashlib
+
+  from rsi_jax.env.sandbox import BUILD_FAILED, build_task_image, task_image_tag
+  t = _harbor(tmp_path, "FROM rsi-base\nWORKDIR /app\nCOPY project /app/project\n"
+              "RUN cat /app/project/a-link.txt /app/project/data-link/b.txt > /app/seen.txt\n")
+  project = t.context_dir / "project"
+  (project / "data").mkdir(parents=True)
+  (project / "data" / "a.txt").write_text("alpha\n")
+  (project / "data" / "b.txt").write_text("alpha\n")
+  (project / "a-link.txt").symlink_to("data/a.txt")
+  (project / "data-link").symlink_to("data")
+  tag = build_task_image(docker_client, t)
+  out = docker_client.containers.run(tag, ["bash", "-c", "cat /app/seen.txt; readlink /app/project/a-link.txt "
+                                           "/app/project/data-link"], remove=True, network_mode="none")
+  assert out.decode() == "alpha\nalpha\ndata/a.txt\ndata\n"
+  (project / "a-link.txt").unlink()
+  (project / "a-link.txt").symlink_to("data/b.txt")  # the same content behind another target: another image
+  assert task_image_tag(docker_client, t, {})[0] != tag
+  secret = tmp_path / "host-secret.txt"
+  secret.write_text("host secret 1\n")
+  for target in (str(secret), "../../../host-secret.txt"):
+    (project / "secret").unlink(missing_ok=True)
+    (project / "secret").symlink_to(target)
+    before = task_image_tag(docker_client, t, {})[0]
+    secret.write_text(f"host secret {target}\n")
+    assert task_image_tag(docker_client, t, {})[0] == before  # the tag never read the file behind the link
+    with pytest.raises(SandboxError) as e:
+      build_task_image(docker_client, t)
+    assert e.value.kind == BUILD_FAILED
+    assert f"{project / 'secret'} is a link to {target}, which leaves the build context" in str(e.value)
+    with pytest.raises(docker.errors.ImageNotFound):
+      docker_client.images.get(before)
+  digest = hashlib.sha256(secret.read_bytes()).hexdigest()
+  for img in docker_client.images.list(filters={"label": f"{LABEL_TASK}={t.name}"}):  # no image holds it
+    sums = docker_client.containers.run(img.id, ["bash", "-c", "find /app -type f -exec sha256sum {} +"],
+                                        remove=True, network_mode="none").decode()
+    assert digest not in sums
+  docker_client.images.remove(tag, force=True)
+
+
+def test_dockerfile_parse_error_names_the_tasks_own_line(tmp_path, docker_client):
+  """The build reads a rewritten Dockerfile (the build CA's lines after each FROM, a header); a parse error is
+  reported at the task's own Dockerfile and line."""
+  from rsi_jax.env.sandbox import BUILD_FAILED, build_task_image
+  ca = tmp_path / "ca.pem"
+  ca.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+  t = _harbor(tmp_path, "FROM rsi-base AS base\nRUN echo one \\\n  && echo two\nFROM base\nWORKDIR /app\n"
+              "RUNN echo typo\n")
+  with pytest.raises(SandboxError) as e:
+    build_task_image(docker_client, t, ca_bundle=str(ca))
+  assert e.value.kind == BUILD_FAILED
+  assert str(e.value) == (f"{BUILD_FAILED}: build-check: {t.dockerfile} line 6: Dockerfile parse error: "
+                          f"unknown instruction: RUNN")
+
+
+def test_failed_build_says_why(tmp_path, docker_client):
+  """A real build fails in a step whose output is long and full of terminal codes (a download's progress
+  meter, retries): the reason names the task's own Dockerfile line and keeps the cause ("Could not resolve
+  host"), without escape codes or progress redraws, within a bounded length; a second try is answered from
+  the record of the first."""
+  from rsi_jax.env.sandbox import BUILD_FAILED, build_task_image
+  ca = tmp_path / "ca.pem"
+  ca.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+  t = _harbor(tmp_path, "FROM rsi-base\nWORKDIR /app\nRUN for i in $(seq 1 400); do echo \"Unpacking part $i\"; "
+              "done \\\n && printf '\\033[1;32mfetching\\033[0m\\n' \\\n"
+              " && curl -L --retry 2 --retry-all-errors -o /tmp/tool.tgz http://downloads.example.invalid/tool.tgz"
+              " \\\n && tar xzf /tmp/tool.tgz\n")
+  with pytest.raises(SandboxError) as e:
+    build_task_image(docker_client, t, ca_bundle=str(ca))
+  msg = str(e.value)
+  assert e.value.kind == BUILD_FAILED and "\x1b" not in msg and "\r" not in msg
+  assert len(msg) <= 2100, len(msg)  # the step printed over 8,000 characters
+  first = msg.splitlines()[0]
+  assert f"build-check: image build failed at {t.dockerfile} line 3 (RUN for i in" in first, first
+  assert first.endswith("curl: (6) Could not resolve host: downloads.example.invalid"), first
+  assert "exited with status 6" in msg.splitlines()[-1]
+  with pytest.raises(SandboxError) as again:
+    build_task_image(docker_client, t, ca_bundle=str(ca))
+  assert str(again.value) == msg + " (cached: the same build failed earlier in this run)"
