@@ -18,12 +18,17 @@ Terminal-Bench 1 layout (``task.yaml`` marks it)::
     <task>/solution.sh               reference solution
 
 Upstream base images are unreachable here (no registry), so :func:`resolve_base_image` rewrites a ``FROM``
-that is not available locally through the configured image map (glob patterns, first match wins).
+that is not available locally through the configured image map (glob patterns, first match wins). The built-in
+map covers only what the local image family stands for (the official distribution, python and buildpack-deps
+images, the Terminal-Bench ``python-3-13`` / ``ubuntu-24-04`` base images); a task-specific image only a
+registry has (a TB1 ``t-bench/<task>`` image, SWE-bench's per-instance images) is refused (``registry_only``,
+:func:`image_check`), never replaced.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fnmatch
 import hashlib
 import json
@@ -50,7 +55,8 @@ DEFAULT_CPUS = 1.0
 # reference, suite, build tools?), first match wins; env.image_map entries take precedence. Each suite gives
 # what the upstream image has: the distribution release (Ubuntu 24.04 -> noble) or, for python:*, the
 # Python version (3.13 -> trixie, 3.12 -> noble, 3.11 -> bookworm, 3.10 -> jammy); full python and
-# buildpack-deps images have compilers and headers (the -build variant), -slim ones do not.
+# buildpack-deps images have compilers and headers (the -build variant), -slim ones do not. Nothing else is
+# mapped: an image of a task's own (TB1 t-bench/<task>, SWE-bench per-instance) is refused, not replaced.
 _PYTHON_SUITES = (("3.14", "trixie"), ("3.13", "trixie"), ("3.12", "noble"), ("3.11", "bookworm"),
                   ("3.10", "jammy"), ("3.[0-9]", "bookworm"), ("3", "trixie"), ("latest", "trixie"))
 DEFAULT_IMAGE_MAP: tuple[tuple[str, str, bool], ...] = (
@@ -69,17 +75,41 @@ DEFAULT_IMAGE_MAP: tuple[tuple[str, str, bool], ...] = (
     *(x for v, suite in _PYTHON_SUITES for x in ((f"python:{v}*slim*", suite, False),
                                                   (f"python:{v}*", suite, True))),
     ("python:slim*", "trixie", False),
-    ("ghcr.io/laude-institute/t-bench/python-3-13*", "trixie", False),
-    ("ghcr.io/laude-institute/t-bench/ubuntu-24-04*", "noble", False),
-    ("ghcr.io/laude-institute/*", "bookworm", False),
+    ("ghcr.io/laude-institute/t-bench/python-3-13:*", "trixie", False),
+    ("ghcr.io/laude-institute/t-bench/ubuntu-24-04:*", "noble", False),
 )
+REGISTRY_ONLY = "registry_only"  # the refusal of a task whose base image only a registry has
 # Files of a TB1 task folder that never enter its build context (the agent must not find them in the image).
 TB1_PRIVATE = ("tests", "solution.sh", "run-tests.sh", "task.yaml", "docker-compose.yaml",
                "docker-compose.yml")
 
 
 class TaskError(ValueError):
-  """A malformed task folder. The message names the file and, where it applies, the field."""
+  """A task folder that cannot be used. The message names the folder, then every reason (file and, where it
+  applies, field), separated by "; "; ``reason`` is that list without the folder."""
+
+  def __init__(self, message: str, reason: str | None = None):
+    super().__init__(message)
+    self.reason = message if reason is None else reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+  """A folder of a suite that was not loaded: its name and why (one line)."""
+  task: str
+  reason: str
+
+  def to_dict(self) -> dict:
+    return {"task": self.task, "reason": self.reason}
+
+
+@dataclasses.dataclass
+class Suite:
+  """What :func:`load_suite` made of a folder of task folders: every folder is in ``tasks`` or ``refused``;
+  ``notes``: what was adjusted on the way (a task named twice)."""
+  tasks: list
+  refused: list = dataclasses.field(default_factory=list)
+  notes: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,92 +151,256 @@ class Task:
 # ---------------------------------------------------------------------------------------------- loading
 
 
-def load_task(path: str | Path) -> Task:
-  """Load one task folder (layout detected from ``task.toml`` / ``task.yaml``). Raises :class:`TaskError`."""
-  path = Path(path).resolve()
+def load_task(path: str | Path, images: Callable[[str], str | None] | None = None) -> Task:
+  """Load one task folder (layout detected from ``task.toml`` / ``task.yaml``).
+
+  A task folder is untrusted input: it is refused (:class:`TaskError` naming every reason, not only the first)
+  for a symbolic link that leaves the folder (absolute, through ``..`` or through a chain of links) or leads
+  nowhere, a name that is not UTF-8, a file that is neither a regular file, a folder nor a link, a malformed
+  metadata file or field, a missing file, an unsupported TB1 parser, and, given ``images`` (a check of one
+  ``FROM`` reference, e.g. :func:`image_check`), each base image it refuses. A folder with a link that leaves
+  it is not read any further."""
+  path = Path(path)
   if not path.is_dir():
-    raise TaskError(f"{path}: not a task folder")
-  if (path / "task.toml").exists():
-    return _load_harbor(path)
-  if (path / "task.yaml").exists():
-    return _load_tb1(path)
-  raise TaskError(f"{path}: neither task.toml (Harbor / Terminal-Bench 2) nor task.yaml (Terminal-Bench 1)")
+    raise TaskError(f"{_show(str(path))}: not a task folder", "not a task folder")
+  path = path.resolve()
+  errors = [f"folder name is not UTF-8: {_show(path.name)}"] if not _utf8(path.name) else []
+  links = _tree_problems(path, errors)
+  if links:
+    _raise(path, errors)
+  if (path / "task.toml").is_file():
+    loader, dockerfile = _load_harbor, path / "environment" / "Dockerfile"
+  elif (path / "task.yaml").is_file():
+    loader, dockerfile = _load_tb1, path / "Dockerfile"
+  else:
+    near = sorted(p.name for p in path.iterdir() if p.name.lower() in ("task.toml", "task.yaml"))
+    errors += ([f"{n}: the metadata file must be named {n.lower()} (names are case-sensitive)" for n in near]
+               or ["neither task.toml (Harbor / Terminal-Bench 2) nor task.yaml (Terminal-Bench 1)"])
+    _raise(path, errors)
+  check = _Checks(errors)
+  task = loader(path, check)
+  if images is not None and dockerfile.is_file():
+    errors += [why for image in dockerfile_images(dockerfile.read_text(errors="replace"))
+               if (why := images(image))]
+  if errors or task is None:
+    _raise(path, errors)
+  return task
+
+
+def load_suite(tasks_dir: str | Path, names: list[str] | tuple[str, ...] | None = None, pattern: str = "*", *,
+               strict: bool = False, images: Callable[[str], str | None] | None = None) -> Suite:
+  """Every folder of ``tasks_dir`` (sorted by name; hidden ones, ``.*``, left aside), or the named ones, or those
+  matching a glob: each loaded (:func:`load_task`) or refused with its reason. A name given twice is loaded once
+  (a note says so). ``strict``: the first refused folder raises its :class:`TaskError` instead."""
+  root = Path(tasks_dir)
+  if not root.is_dir():
+    raise TaskError(f"{root}: tasks directory does not exist")
+  notes: list[str] = []
+  if names:
+    entries = list(dict.fromkeys(names))
+    notes += [f"task {n} is named {list(names).count(n)} times: evaluated once" for n in entries
+              if list(names).count(n) > 1]
+  else:
+    entries = sorted(d.name for d in root.iterdir()
+                     if (d.is_dir() or d.is_symlink()) and not d.name.startswith(".")
+                     and fnmatch.fnmatch(d.name, pattern))
+    if not entries and pattern == "*":
+      raise TaskError(f"{root}: no task folder (a folder with task.toml or task.yaml) in it")
+  suite = Suite([], [], notes)
+  for name in entries:
+    try:
+      if not name or name in (".", "..") or "/" in name or os.sep in name:
+        raise TaskError(f"{root}: {name!r} is not the name of a folder in it", "not a folder name of the suite")
+      if not (root / name).is_dir():
+        raise TaskError(f"{root / _show(name)}: no such task folder in {root}", f"no such task folder in {root}")
+      suite.tasks.append(load_task(root / name, images))
+    except TaskError as e:
+      if strict:
+        raise
+      suite.refused.append(Refusal(_show(name), e.reason))
+  return suite
 
 
 def load_tasks(tasks_dir: str | Path, names: list[str] | tuple[str, ...] | None = None,
                pattern: str = "*") -> list[Task]:
-  """Every task folder under ``tasks_dir`` (sorted by name), or the named ones, or those matching a glob."""
-  root = Path(tasks_dir)
-  if not root.is_dir():
-    raise TaskError(f"{root}: tasks directory does not exist")
-  if names:
-    return [load_task(root / n) for n in names]
-  dirs = sorted(d for d in root.iterdir()
-                if d.is_dir() and fnmatch.fnmatch(d.name, pattern)
-                and ((d / "task.toml").exists() or (d / "task.yaml").exists()))
-  if not dirs and pattern == "*":
-    raise TaskError(f"{root}: no task folder (a folder with task.toml or task.yaml) in it")
-  return [load_task(d) for d in dirs]
+  """The tasks of :func:`load_suite`, stopping at the first refused folder (its :class:`TaskError`)."""
+  return load_suite(tasks_dir, names, pattern, strict=True).tasks
 
 
-def _load_harbor(path: Path) -> Task:
-  f = path / "task.toml"
+def _raise(path: Path, errors: list[str]):
+  """The refusal of the folder ``path``: every reason, paths inside it given relative to it."""
+  reason = " ".join("; ".join(e.replace(f"{path}/", "") for e in errors).split())  # one line
+  raise TaskError(f"{_show(str(path))}: {reason}", reason)
+
+
+class _Checks:
+  """Runs one field or file check; a :class:`TaskError` is kept (every reason is reported) and ``default``
+  stands in for the value."""
+
+  def __init__(self, errors: list[str]):
+    self.errors = errors
+
+  def __call__(self, default, fn: Callable[[], Any]):
+    try:
+      return fn()
+    except TaskError as e:
+      self.errors.append(str(e))
+      return default
+
+
+def _utf8(name: str) -> bool:
   try:
-    meta = tomllib.loads(_read_utf8(f))
+    name.encode("utf-8")
+    return True
+  except UnicodeEncodeError:
+    return False
+
+
+def _show(name: str) -> str:
+  """A file name for a message: bytes that are not UTF-8 as ``\\xNN``."""
+  return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _inside(p: str, root: str) -> bool:
+  return p == root or p.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _tree_problems(root: Path, errors: list[str]) -> bool:
+  """Append what makes the folder unsafe or unreadable to ``errors``: names that are not UTF-8, entries that are
+  not regular files, folders or links, and links that leave ``root`` or lead nowhere. True when a link leaves
+  it (the folder is then not read further)."""
+  base, escapes = str(root), False
+  for dirpath, dirnames, filenames in os.walk(base):  # links are listed, never followed
+    for name in sorted(dirnames + filenames):
+      p = os.path.join(dirpath, name)
+      rel = _show(os.path.relpath(p, base))
+      if not _utf8(name):
+        errors.append(f"file name is not UTF-8: {rel}")
+      if os.path.islink(p):
+        why = _link_problem(p, base, rel)
+        if why:
+          errors.append(why)
+          escapes = escapes or "leaves the task folder" in why
+      elif not (os.path.isfile(p) or os.path.isdir(p)):
+        errors.append(f"{rel} is not a regular file, a folder or a link")
+  return escapes
+
+
+def _link_problem(link: str, root: str, rel: str) -> str | None:
+  """Why the symbolic link ``link`` cannot be used (None: it resolves inside ``root``). Each link of a chain is
+  followed by its own text and must stay inside, and so must the path the kernel resolves."""
+  target, cur = _show(os.readlink(link)), link
+  for _ in range(40):
+    hop = os.readlink(cur)
+    nxt = os.path.normpath(os.path.join(os.path.dirname(cur), hop))
+    if not _inside(nxt, root):
+      via = "" if cur == link else f" (through {_show(os.path.relpath(cur, root))} -> {_show(hop)})"
+      return f"symlink {rel} -> {target} leaves the task folder{via}"
+    if not os.path.islink(nxt):
+      break
+    cur = nxt
+  else:
+    return f"symlink {rel} -> {target} is a loop of links"
+  try:
+    real = os.path.realpath(link, strict=True)
+  except OSError as e:
+    what = "a loop of links" if e.errno == errno.ELOOP else "dangling (its target does not exist)"
+    return f"symlink {rel} -> {target} is {what}"
+  if not _inside(real, root):
+    return f"symlink {rel} -> {target} leaves the task folder (resolves to {_show(real)})"
+  return None
+
+
+def _parse_toml(f: Path) -> dict:
+  try:
+    return tomllib.loads(_read_utf8(f))
   except tomllib.TOMLDecodeError as e:
     raise TaskError(f"{f}: invalid TOML: {e}") from None
-  md = _section(meta, "metadata", f)
-  ver = _section(meta, "verifier", f)
-  agent = _section(meta, "agent", f)
-  envs = _section(meta, "environment", f)
-  instruction = _read_required(path / "instruction.md")
-  dockerfile = _require_file(path / "environment" / "Dockerfile")
+
+
+def _load_harbor(path: Path, check: _Checks) -> Task | None:
+  f = path / "task.toml"
+  meta = check({}, lambda: _parse_toml(f))
+  md = check({}, lambda: _section(meta, "metadata", f))
+  ver = check({}, lambda: _section(meta, "verifier", f))
+  agent = check({}, lambda: _section(meta, "agent", f))
+  envs = check({}, lambda: _section(meta, "environment", f))
+  instruction = check("", lambda: _read_required(path / "instruction.md"))
+  dockerfile = check(None, lambda: _require_file(path / "environment" / "Dockerfile"))
   tests = path / "tests"
-  _require_file(tests / "test.sh")
+  check(None, lambda: _require_file(tests / "test.sh"))
   solution = path / "solution" / "solve.sh"
+  fields = dict(
+      family=check("", lambda: _str(md, "category", f, "metadata.category", default="default")),
+      difficulty=check("", lambda: _str(md, "difficulty", f, "metadata.difficulty", default="unknown")),
+      tags=check((), lambda: _tags(md.get("tags", ()), f, "metadata.tags")),
+      agent_timeout_s=check(0.0, lambda: _pos(agent, "timeout_sec", f, "agent.timeout_sec", DEFAULT_AGENT_TIMEOUT_S)),
+      verifier_timeout_s=check(0.0, lambda: _pos(ver, "timeout_sec", f, "verifier.timeout_sec",
+                                                 DEFAULT_VERIFIER_TIMEOUT_S)),
+      build_timeout_s=check(0.0, lambda: _pos(envs, "build_timeout_sec", f, "environment.build_timeout_sec",
+                                              DEFAULT_BUILD_TIMEOUT_S)),
+      cpus=check(0.0, lambda: _pos(envs, "cpus", f, "environment.cpus", DEFAULT_CPUS)),
+      memory_bytes=check(0, lambda: _memory(envs.get("memory", envs.get("memory_mb")), f, "environment.memory")),
+      pids_limit=check(None, lambda: int(_pos(envs, "pids", f, "environment.pids", 1)) if "pids" in envs else None),
+      storage_bytes=check(None, lambda: _memory(envs.get("storage", envs.get("storage_mb")), f, "environment.storage")
+                          if "storage" in envs or "storage_mb" in envs else None),
+      allow_internet=check(False, lambda: _bool(envs, "allow_internet", f, "environment.allow_internet")),
+      verifier_env=check({}, lambda: _str_table(ver.get("env", {}), f, "verifier.env")))
+  if check.errors:
+    return None
   return Task(
-      name=path.name, path=path, layout=LAYOUT_HARBOR, instruction=instruction,
-      family=_str(md, "category", f, "metadata.category", default="default"),
-      difficulty=_str(md, "difficulty", f, "metadata.difficulty", default="unknown"),
-      tags=_tags(md.get("tags", ()), f, "metadata.tags"),
-      agent_timeout_s=_pos(agent, "timeout_sec", f, "agent.timeout_sec", DEFAULT_AGENT_TIMEOUT_S),
-      verifier_timeout_s=_pos(ver, "timeout_sec", f, "verifier.timeout_sec", DEFAULT_VERIFIER_TIMEOUT_S),
-      build_timeout_s=_pos(envs, "build_timeout_sec", f, "environment.build_timeout_sec",
-                           DEFAULT_BUILD_TIMEOUT_S),
-      cpus=_pos(envs, "cpus", f, "environment.cpus", DEFAULT_CPUS),
-      memory_bytes=_memory(envs.get("memory", envs.get("memory_mb")), f, "environment.memory"),
-      pids_limit=int(_pos(envs, "pids", f, "environment.pids", 1)) if "pids" in envs else None,
-      dockerfile=dockerfile, context_dir=path / "environment", context_exclude=(),
-      tests_dir=tests, test_script="/tests/test.sh",
-      solution=solution if solution.is_file() else None, metadata=meta,
-      storage_bytes=(_memory(envs.get("storage", envs.get("storage_mb")), f, "environment.storage")
-                     if "storage" in envs or "storage_mb" in envs else None),
-      allow_internet=_bool(envs, "allow_internet", f, "environment.allow_internet"),
-      verifier_env=_str_table(ver.get("env", {}), f, "verifier.env"))
+      name=path.name, path=path, layout=LAYOUT_HARBOR, instruction=instruction, dockerfile=dockerfile,
+      context_dir=path / "environment", context_exclude=(), tests_dir=tests, test_script="/tests/test.sh",
+      solution=solution if solution.is_file() else None, metadata=meta, **fields)
 
 
-def _load_tb1(path: Path) -> Task:
-  f = path / "task.yaml"
+def _parse_yaml(f: Path) -> dict:
   try:
     meta = yaml.safe_load(_read_utf8(f))
   except yaml.YAMLError as e:
     raise TaskError(f"{f}: invalid YAML: {e}") from None
   if not isinstance(meta, dict):
     raise TaskError(f"{f}: top level must be a mapping, got {type(meta).__name__}")
+  return meta
+
+
+def _tb1_instruction(meta: Mapping, f: Path) -> str:
   instruction = meta.get("instruction")
   if instruction is None and isinstance(meta.get("descriptions"), list) and meta["descriptions"]:
     instruction = (meta["descriptions"][0] or {}).get("description")  # the oldest TB1 variant
   if not isinstance(instruction, str) or not instruction.strip():
     raise TaskError(f"{f}: field 'instruction' is missing or empty")
-  dockerfile = _require_file(path / "Dockerfile")
-  run_tests = _require_file(path / "run-tests.sh")
-  tests = path / "tests"
-  if not tests.is_dir():
-    raise TaskError(f"{tests}: missing tests folder")
-  solution = path / "solution.sh"
+  return instruction
+
+
+def _tb1_parser(meta: Mapping, f: Path):
   parser = meta.get("parser_name", "pytest")
   if parser != "pytest":
     raise TaskError(f"{f}: field 'parser_name' is {parser!r}; only 'pytest' is supported")
+
+
+def _load_tb1(path: Path, check: _Checks) -> Task | None:
+  f = path / "task.yaml"
+  meta = check(None, lambda: _parse_yaml(f))
+  instruction = "" if meta is None else check("", lambda: _tb1_instruction(meta, f))
+  meta = meta or {}
+  dockerfile = check(None, lambda: _require_file(path / "Dockerfile"))
+  run_tests = check(None, lambda: _require_file(path / "run-tests.sh"))
+  tests = path / "tests"
+  if not tests.is_dir():
+    check.errors.append(f"{tests}: missing tests folder")
+  solution = path / "solution.sh"
+  check(None, lambda: _tb1_parser(meta, f))
+  fields = dict(
+      family=check("", lambda: _str(meta, "category", f, "category", default="default")),
+      difficulty=check("", lambda: _str(meta, "difficulty", f, "difficulty", default="unknown")),
+      tags=check((), lambda: _tags(meta.get("tags", ()), f, "tags")),
+      agent_timeout_s=check(0.0, lambda: _pos(meta, "max_agent_timeout_sec", f, "max_agent_timeout_sec",
+                                              DEFAULT_AGENT_TIMEOUT_S)),
+      verifier_timeout_s=check(0.0, lambda: _pos(meta, "max_test_timeout_sec", f, "max_test_timeout_sec",
+                                                 DEFAULT_VERIFIER_TIMEOUT_S)))
+  if check.errors:
+    return None
   # Private files the Dockerfile names in a COPY stay in the build context (the build needs them) and are
   # deleted from the container before the agent starts; otherwise (e.g. "COPY . /app") they never enter it.
   _, copies = dockerfile_layout(dockerfile.read_text(errors="replace"))
@@ -223,14 +417,7 @@ def _load_tb1(path: Path) -> Task:
       origin[dst.rstrip("/") + "/" + name if dst.endswith("/") else dst] = path / name
   hidden = sorted(origin)
   return Task(
-      name=path.name, path=path, layout=LAYOUT_TB1, instruction=instruction,
-      family=_str(meta, "category", f, "category", default="default"),
-      difficulty=_str(meta, "difficulty", f, "difficulty", default="unknown"),
-      tags=_tags(meta.get("tags", ()), f, "tags"),
-      agent_timeout_s=_pos(meta, "max_agent_timeout_sec", f, "max_agent_timeout_sec",
-                           DEFAULT_AGENT_TIMEOUT_S),
-      verifier_timeout_s=_pos(meta, "max_test_timeout_sec", f, "max_test_timeout_sec",
-                              DEFAULT_VERIFIER_TIMEOUT_S),
+      name=path.name, path=path, layout=LAYOUT_TB1, instruction=instruction, **fields,
       build_timeout_s=DEFAULT_BUILD_TIMEOUT_S, cpus=DEFAULT_CPUS,
       memory_bytes=_memory(None, f, "memory"), pids_limit=None,
       dockerfile=dockerfile, context_dir=path, context_exclude=tuple(p for p in TB1_PRIVATE if p not in needed),
@@ -405,7 +592,7 @@ def resolve_base_image(image: str, image_map: Mapping[str, str],
   the official images, ``docker.io/library/``, a digest and a missing tag removed), so ``ubuntu``,
   ``docker.io/library/ubuntu:24.04`` and ``public.ecr.aws/docker/library/python:3.12@sha256:...`` all
   meet the ``ubuntu:*`` / ``python:3*`` entries. An image with no match is returned unchanged (the build then
-  fails naming it; :func:`base_image_problems` warns before that)."""
+  fails naming it; :func:`image_check` refuses such a task before that)."""
   if is_local(image):
     return image
   target = _mapped(image, image_map)
@@ -416,30 +603,69 @@ def resolve_base_image(image: str, image_map: Mapping[str, str],
 
 def base_image_problems(tasks, image_map: Mapping[str, str], is_local: Callable[[str], bool]) -> dict:
   """{task name: [one line per ``FROM`` a build cannot satisfy as written]}: an image neither available
-  locally nor mapped (its build will fail), and one whose family image is not built (the fallback is used;
-  the line names the command that builds it). Stage names and build arguments are left aside."""
+  locally nor mapped (``registry_only``: the task is refused, see :func:`image_check`), and one whose family
+  image is not built (the fallback is used; the line names the command that builds it). Stage names and build
+  arguments are left aside."""
   out: dict[str, list[str]] = {}
   for t in tasks:
-    lines, stages = [], set()
-    for line in Path(t.dockerfile).read_text(errors="replace").splitlines():
-      m = _FROM.match(line)
-      if not m:
+    lines = []
+    for image in dockerfile_images(Path(t.dockerfile).read_text(errors="replace")):
+      if is_local(image):
         continue
-      image, rest = m.group(3), m.group(4)
-      if image.lower() not in stages and "$" not in image and not is_local(image):
-        new = resolve_base_image(image, image_map, is_local)
-        wanted = _mapped(image, image_map)
-        if new == image:
-          lines.append(f"base image {image} is neither present nor mapped by env.image_map: its build will fail")
-        elif isinstance(wanted, tuple) and new != wanted[0]:
-          lines.append(f"base image {image} maps to {wanted[0]}, which is not built (bash "
-                       f"scripts/build_base_image.sh {family_spec(wanted[0], wanted[1])}); using {new}")
-      alias = re.match(r"\s+AS\s+(\S+)", rest, re.IGNORECASE)
-      if alias:
-        stages.add(alias.group(1).lower())
+      new = resolve_base_image(image, image_map, is_local)
+      wanted = _mapped(image, image_map)
+      if new == image:
+        lines.append(registry_only_reason(image))
+      elif isinstance(wanted, tuple) and new != wanted[0]:
+        lines.append(f"base image {image} maps to {wanted[0]}, which is not built (bash "
+                     f"scripts/build_base_image.sh {family_spec(wanted[0], wanted[1])}); using {new}")
     if lines:
       out[t.name] = lines
   return out
+
+
+def dockerfile_images(text: str) -> list[str]:
+  """The base images a Dockerfile names in its ``FROM`` lines, in order; earlier stages (``FROM a AS b`` then
+  ``FROM b``) and references built from arguments (``$BASE``) are left out."""
+  out, stages = [], set()
+  for line in text.splitlines():
+    m = _FROM.match(line)
+    if not m:
+      continue
+    image, rest = m.group(3), m.group(4)
+    if image.lower() not in stages and "$" not in image and image not in out:
+      out.append(image)
+    alias = re.match(r"\s+AS\s+(\S+)", rest, re.IGNORECASE)
+    if alias:
+      stages.add(alias.group(1).lower())
+  return out
+
+
+def registry_only_reason(image: str) -> str:
+  """Why a task whose base image ``image`` is neither present locally nor mapped is refused (one line)."""
+  ref = canonical_image(image)
+  if ref.startswith("swebench/"):
+    what = "a per-instance SWE-bench image (the repository at the issue's commit, with its environment)"
+  elif ref.startswith("ghcr.io/laude-institute/t-bench/"):
+    name = ref.removeprefix("ghcr.io/laude-institute/t-bench/").split(":")[0]
+    what = f"the task-specific Terminal-Bench image t-bench/{name} (its own tools, which no local base image has)"
+  else:
+    what = "an image the local base image family does not stand for"
+  return (f"{REGISTRY_ONLY}: base image {image} is {what}; only a registry has it, and it is neither present "
+          f"locally nor mapped by env.image_map: refused, not replaced (load or build it on the Docker host, or "
+          f"map it on purpose in env.image_map)")
+
+
+def image_check(image_map: Mapping[str, str], is_local: Callable[[str], bool]) -> Callable[[str], str | None]:
+  """For :func:`load_task`'s ``images``: a base image present locally, or mapped by ``image_map`` (the configured
+  map over :data:`DEFAULT_IMAGE_MAP`), is fine; any other is refused (:func:`registry_only_reason`)."""
+  seen: dict[str, str | None] = {}
+
+  def check(image: str) -> str | None:
+    if image not in seen:
+      seen[image] = None if is_local(image) or _mapped(image, image_map) is not None else registry_only_reason(image)
+    return seen[image]
+  return check
 
 
 def _mapped(image: str, image_map: Mapping[str, str]):

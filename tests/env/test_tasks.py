@@ -143,7 +143,6 @@ def test_image_map_rewrites_only_missing_images(caplog):
     ("buildpack-deps:bookworm-scm", "rsi-base-build"), ("buildpack-deps:noble", "rsi-base-noble-build"),
     ("ghcr.io/laude-institute/t-bench/python-3-13:20250620", "rsi-base-trixie"),
     ("ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624", "rsi-base-noble"),
-    ("ghcr.io/laude-institute/t-bench/deveval:latest", "rsi-base"),
 ])
 def test_upstream_images_map_to_the_matching_family(ref, family):
   """Each upstream image meets the family image of its release / Python version (built: used); a family image
@@ -192,11 +191,10 @@ def test_base_image_problems_are_named(tmp_path):
       "FROM ubuntu AS b\nFROM b\nFROM ${BASE}\nFROM node:20\nFROM quay.io/x/y:1\nFROM debian:12\n")
   t = load_task(d)
   lines = base_image_problems([t], effective_image_map({}, "rsi-base"), lambda n: n == "rsi-base")[t.name]
-  assert lines == [
-      "base image ubuntu maps to rsi-base-noble, which is not built (bash scripts/build_base_image.sh noble); "
-      "using rsi-base",
-      "base image node:20 is neither present nor mapped by env.image_map: its build will fail",
-      "base image quay.io/x/y:1 is neither present nor mapped by env.image_map: its build will fail"]
+  assert lines[0] == ("base image ubuntu maps to rsi-base-noble, which is not built (bash "
+                      "scripts/build_base_image.sh noble); using rsi-base")
+  assert [x.split(" is ")[0] for x in lines[1:]] == ["registry_only: base image node:20",
+                                                      "registry_only: base image quay.io/x/y:1"]
   built = {"rsi-base", "rsi-base-noble", "node:20"}
   assert base_image_problems([t], effective_image_map({"quay.io/*": "rsi-base"}, "rsi-base"),
                              lambda n: n in built) == {}
