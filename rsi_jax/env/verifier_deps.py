@@ -5,8 +5,10 @@ installer (``curl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh; source $HOM
 install pytest==8.2.0``, ``uv pip install -r requirements.txt``, ``uv init; uv add pytest==8.4.1; uv run
 pytest``, ``uvx -p 3.13 -w pytest-json-ctrf==0.3.5 pytest``. Episode containers have no network, so those
 commands would fail and the episode would silently score 0. When task builds have a network
-(``env.build_network``), :func:`build_steps` reads the unmodified script (and the requirement files it names
-in the tests folder) and appends to the task's Dockerfile:
+(``env.build_network``), :func:`build_steps` reads the unmodified script, the scripts of the tests folder it
+sources or calls (``source $TEST_DIR/setup-uv-pytest.sh``, ``bash /tests/run.sh``; recursively) and the
+requirement files they name (found where they will be when the tests run: in the tests folder, or copied
+from the build context by the Dockerfile), and appends to the task's Dockerfile:
 
 - ``apt-get install`` of the packages the script installs (the package lists are kept, so the script's own
   ``apt-get install`` finds them installed with the network off);
@@ -14,10 +16,11 @@ in the tests folder) and appends to the task's Dockerfile:
 - the ``uv`` release the installer URL names, installed under :data:`TOOLS` (not on the agent's PATH); the
   verifier puts it where the installer would (``$HOME/.local/bin`` with its ``env`` file,
   :func:`uv_preseed_script`) just before the script runs, so the installer step is satisfied locally;
-- the script's own ``uv``/``uvx`` commands, replayed at build time in a scratch folder (the tools' arguments
-  replaced by ``--version``) so that uv's cache (:data:`UV_CACHE`) holds everything they resolve; the Python
-  versions they request (``-p 3.13``) are found in the image or installed by uv (a build step that fails
-  naming the version where it cannot be downloaded).
+- the script's own ``uv``/``uvx`` commands, replayed at build time in a copy of the image's working
+  directory (the tools' arguments replaced by ``--version``) so that uv's cache (:data:`UV_CACHE`) holds
+  everything they resolve; a command that fails there fails the build naming it (offline, at test time, it
+  could only fail too); the Python versions they request (``-p 3.13``) are found in the image or installed by
+  uv (a build step that fails naming the version where it cannot be downloaded).
 
 The verifier runs with :data:`OFFLINE_ENV`: pip and uv install from the image with the network off.
 :data:`WHEELHOUSE`, :data:`TOOLS` and uv's Python installs are protected from the agent (a change there is
@@ -26,9 +29,14 @@ tampering, ``rsi_jax.env.verifier``).
 
 from __future__ import annotations
 
+import fnmatch
+import json
+import posixpath
 import re
 import shlex
 from pathlib import Path
+
+from rsi_jax.env.tasks import dockerfile_layout
 
 WHEELHOUSE = "/opt/rsi-verifier-wheels"
 TOOLS = "/opt/rsi-verifier-tools"
@@ -43,14 +51,6 @@ _OPTS_WITH_VALUE = {"-i", "--index-url", "--extra-index-url", "-c", "--constrain
 _UV_INSTALLER = re.compile(r"astral\.sh/uv/(?:([0-9][0-9A-Za-z.+-]*)/)?install\.sh")
 # uv subcommands whose replay at build time fills the cache (others: nothing to fetch, or not ours to run)
 _UV_REPLAY = {"init", "add", "sync", "lock", "venv", "pip", "run", "tool"}
-
-
-def _script(task) -> str:
-  name = Path(task.test_script).name
-  for p in [Path(task.tests_dir) / name, *[Path(x) for x in task.extra_test_files]]:
-    if p.name == name and p.is_file():
-      return p.read_text(errors="replace")
-  return ""
 
 
 def _commands(text: str) -> list[list[str]]:
@@ -70,6 +70,166 @@ def _commands(text: str) -> list[list[str]]:
       if words:
         out.append(words)
   return out
+
+
+def _test_files(task) -> dict[str, Path]:
+  """What the verifier copies to /tests: {path relative to /tests: host file} (a link leaving the tests folder
+  is left out)."""
+  tests = Path(task.tests_dir)
+  out = {}
+  if tests.is_dir():
+    root = tests.resolve()
+    for p in sorted(tests.rglob("*")):
+      if p.is_file() and p.resolve().is_relative_to(root):
+        out[p.relative_to(tests).as_posix()] = p
+  for p in task.extra_test_files:
+    if Path(p).is_file():
+      out[Path(p).name] = Path(p)
+  return out
+
+
+_TEST_DIR_VARS = ("$TEST_DIR", "${TEST_DIR}")
+
+
+def _container_path(word: str, cwd: str) -> str | None:
+  """The container path a script's argument names, run in ``cwd`` (``$TEST_DIR`` is /tests, ``~`` and
+  ``$HOME`` root's home); None where it depends on other variables."""
+  for var, value in [*((v, "/tests") for v in _TEST_DIR_VARS), ("$HOME", "/root"), ("${HOME}", "/root"),
+                     ("~", "/root")]:
+    if word == var or word.startswith(var + "/"):
+      word = value + word[len(var):]
+      break
+  if "$" in word or "`" in word:
+    return None
+  return posixpath.normpath(posixpath.join(cwd, word))
+
+
+def _tests_script(word: str, files: dict[str, Path], bare: bool) -> str | None:
+  """The tests-folder script (its path relative to /tests) that ``word`` names: ``$TEST_DIR/x.sh``,
+  ``${TEST_DIR}/x.sh``, ``/tests/x.sh``, ``./x.sh`` or, with ``bare``, ``x.sh``; None if it is not there."""
+  for prefix in (*(v + "/" for v in _TEST_DIR_VARS), "/tests/", "./"):
+    if word.startswith(prefix):
+      rel = word[len(prefix):]
+      break
+  else:
+    rel = word if bare and "/" not in word else None
+  if not rel:
+    return None
+  rel = posixpath.normpath(rel)
+  return rel if rel in files else None
+
+
+def _cd(cwd: str, args: list[str]) -> str:
+  target = next((a for a in args if not a.startswith("-") or a == "-"), "~")
+  if target == "-":
+    return cwd
+  return _container_path(target, cwd) or cwd
+
+
+def _workdir(task) -> str:
+  text = Path(task.dockerfile).read_text(errors="replace") if Path(task.dockerfile).is_file() else ""
+  if not re.search(r"^\s*WORKDIR\s", text, re.IGNORECASE | re.MULTILINE):
+    return "/"
+  return dockerfile_layout(text)[0]
+
+
+def _script_commands(task) -> list[tuple[list[str], str]]:
+  """The verifier script's commands, each with the working directory it runs in (the image's WORKDIR,
+  followed through ``cd``), with the tests folder's scripts it runs expanded in place: ``source X``, ``. X``,
+  ``bash X``, ``sh X`` (X as ``$TEST_DIR/x.sh``, ``${TEST_DIR}/x.sh``, ``/tests/x.sh``, ``./x.sh`` or a bare
+  name), ``$TEST_DIR/x.sh`` run directly and ``bash -c '...'``; recursively, each script once (a cycle ends)."""
+  files = _test_files(task)
+  out: list[tuple[list[str], str]] = []
+  seen: set[str] = set()
+
+  def run(text: str, cwd: str) -> str:  # -> the working directory after it (what `source` keeps)
+    for words in _commands(text):
+      prog, args = posixpath.basename(words[0]) or words[0], words[1:]
+      if prog in ("bash", "sh", "dash") and "-c" in args[:-1]:
+        run(args[args.index("-c") + 1], cwd)
+        continue
+      ref = None
+      if prog in ("source", ".", "bash", "sh", "dash"):
+        ref = _tests_script(next((a for a in args if not a.startswith("-")), ""), files, bare=True)
+      elif words[0] != prog:  # run by path
+        ref = _tests_script(words[0], files, bare=False)
+      if ref is not None:
+        if ref not in seen:
+          seen.add(ref)
+          after = run(files[ref].read_text(errors="replace"), cwd)
+          if prog in ("source", "."):
+            cwd = after
+        continue
+      if prog == "cd":
+        cwd = _cd(cwd, args)
+      out.append((words, cwd))
+    return cwd
+
+  main = posixpath.relpath(task.test_script, "/tests")
+  if main in files:
+    seen.add(main)
+    run(files[main].read_text(errors="replace"), _workdir(task))
+  return out
+
+
+def _script_words(task) -> list[list[str]]:
+  return [w for w, _ in _script_commands(task)]
+
+
+def _copies(task) -> list[tuple[str, str]]:
+  """The Dockerfile's (source, destination) copies from the build context (quoted shell-form arguments
+  read as the shell reads them)."""
+  text = re.sub(r"\\\n", " ", Path(task.dockerfile).read_text(errors="replace"))
+  lines = []
+  for line in text.splitlines():
+    m = re.match(r"\s*(COPY|ADD)\s+(.*)$", line, re.IGNORECASE)
+    if m and not m.group(2).lstrip().startswith("[") and ('"' in m.group(2) or "'" in m.group(2)):
+      try:
+        words = shlex.split(m.group(2))
+      except ValueError:
+        words = []
+      flags = [w for w in words if w.startswith("--")]
+      args = [w for w in words if not w.startswith("--")]
+      if args:
+        line = f"{m.group(1)} {' '.join(flags)} {json.dumps(args)}"
+    lines.append(line)
+  return dockerfile_layout("\n".join(lines))[1]
+
+
+def container_file(task, path: str) -> Path | None:
+  """The host file that will be at container path ``path`` when the tests run: a file of the tests folder
+  (``/tests/...``) or one the Dockerfile copies from the build context (the last COPY / ADD that holds it);
+  None if neither has it."""
+  path = posixpath.normpath(path)
+  if path.startswith("/tests/"):
+    return _test_files(task).get(path[len("/tests/"):])
+  ctx = Path(task.context_dir)
+  root = ctx.resolve()
+  for src, dst in reversed(_copies(task)):
+    s = posixpath.normpath(src.lstrip("/"))
+    if "://" in src or s.split("/")[0] in task.context_exclude or s.startswith(".."):
+      continue
+    host = ctx if s == "." else ctx / s
+    if any(c in s for c in "*?["):
+      if not dst.endswith("/") or posixpath.dirname(path) != dst.rstrip("/"):
+        continue
+      name = posixpath.basename(path)
+      if not fnmatch.fnmatchcase(name, posixpath.basename(s)):
+        continue
+      f = host.parent / name
+    elif host.is_dir():
+      prefix = dst.rstrip("/") + "/"
+      if not path.startswith(prefix):
+        continue
+      f = host / path[len(prefix):]
+    else:
+      target = dst + posixpath.basename(s) if dst.endswith("/") else dst
+      if path != posixpath.normpath(target):
+        continue
+      f = host
+    if f.is_file() and f.resolve().is_relative_to(root):
+      return f
+  return None
 
 
 def _is_spec(w: str) -> bool:
@@ -93,30 +253,56 @@ def _positionals(args: list[str], handlers: dict):
       i += 1
 
 
+def _split_opts(args: list[str]) -> list[str]:
+  """``--opt=value`` and ``-rFILE`` as two words each."""
+  out = []
+  for a in args:
+    if a.startswith("--") and "=" in a:
+      out += a.split("=", 1)
+    elif re.fullmatch(r"-r[^-\s]\S*", a):
+      out += ["-r", a[2:]]
+    else:
+      out.append(a)
+  return out
+
+
 def requirements(task) -> list[str]:
   """The package specifiers the verifier script installs (``pip``/``pip3``/``python -m pip``/``uv pip``
-  ``install``, ``uv add``, ``-r`` files in the tests folder, ``uvx``/``uv tool run``/``uv run`` ``--with``/``-w`` and
-  the tool itself), sorted and unique."""
+  ``install``, ``uv add``, ``-r`` files (and the files they name) where they will be at test time: the tests
+  folder, or the app folder the Dockerfile copies from the build context, relative to the script's working
+  directory; ``uvx``/``uv tool run``/``uv run`` ``--with``/``-w`` and the tool itself), sorted and unique."""
   specs: list[str] = []
-  tests = Path(task.tests_dir)
+  read: set[Path] = set()
 
-  def from_file(name: str):
-    f = tests / Path(name).name
-    if f.is_file():
-      specs.extend(w for ln in f.read_text(errors="replace").splitlines()
-                   for w in [ln.split("#")[0].strip()] if w and _is_spec(w.replace(" ", "")))
+  def from_file(name: str, cwd: str):
+    path = _container_path(name, cwd)
+    f = container_file(task, path) if path else None
+    if f is None:  # not found where the script looks: the tests folder's file of that name, if any
+      f = _test_files(task).get(posixpath.basename(name))
+      path = "/tests/" + posixpath.basename(name)
+    if f is None or f in read:
+      return
+    read.add(f)
+    for ln in f.read_text(errors="replace").splitlines():
+      w = ln.split(" #")[0].strip() if not ln.lstrip().startswith("#") else ""
+      nested = _split_opts(w.split())
+      if nested[:1] in (["-r"], ["--requirement"]) and len(nested) > 1:
+        from_file(nested[1], posixpath.dirname(path))
+      elif w and _is_spec(w.replace(" ", "")):
+        specs.append(w)
 
   def with_specs(value: str):
     specs.extend(x for x in value.split(",") if _is_spec(x))
 
-  for words in _commands(_script(task)):
-    prog, rest = Path(words[0]).name, words[1:]
+  for words, cwd in _script_commands(task):
+    prog, rest = Path(words[0]).name, _split_opts(words[1:])
     if prog.startswith("python") and rest[:2] == ["-m", "pip"]:
       prog, rest = "pip", rest[2:]
     elif prog == "uv" and rest[:1] == ["pip"]:
       prog, rest = "pip", rest[1:]
+    req = {"-r": lambda v, cwd=cwd: from_file(v, cwd), "--requirement": lambda v, cwd=cwd: from_file(v, cwd)}
     if (prog in ("pip", "pip3") and rest[:1] == ["install"]) or (prog == "uv" and rest[:1] == ["add"]):
-      specs.extend(a for a in _positionals(rest[1:], {"-r": from_file, "--requirement": from_file}) if _is_spec(a))
+      specs.extend(a for a in _positionals(rest[1:], req) if _is_spec(a))
       continue
     if prog == "uvx" or (prog == "uv" and rest[:2] == ["tool", "run"]):
       tool_args, names_tool = (rest if prog == "uvx" else rest[2:]), True
@@ -124,7 +310,7 @@ def requirements(task) -> list[str]:
       tool_args, names_tool = rest[1:], False  # `uv run CMD`: CMD is not a package
     else:
       continue
-    handlers = {"-w": with_specs, "--with": with_specs, "--with-requirements": from_file}
+    handlers = {"-w": with_specs, "--with": with_specs, "--with-requirements": req["-r"]}
     for a in _positionals(tool_args, handlers):  # options up to the tool; the tool's own arguments after it
       if names_tool and _is_spec(a):
         specs.append(a)  # the tool itself (uvx pytest)
@@ -134,7 +320,7 @@ def requirements(task) -> list[str]:
 
 def uv_installer(task) -> str | None:
   """The uv version the script's installer URL names (``""``: the newest), or None without one."""
-  for words in _commands(_script(task)):  # comments left out
+  for words in _script_words(task):  # comments left out
     for w in words:
       m = _UV_INSTALLER.search(w)
       if m:
@@ -145,7 +331,7 @@ def uv_installer(task) -> str | None:
 def apt_packages(task) -> list[str]:
   """The packages the script installs with ``apt-get install`` / ``apt install``, sorted and unique."""
   out = []
-  for words in _commands(_script(task)):
+  for words in _script_words(task):
     prog, rest = Path(words[0]).name, words[1:]
     if prog in ("apt-get", "apt") and "install" in rest:
       out += [w for w in rest[rest.index("install") + 1:]
@@ -153,27 +339,35 @@ def apt_packages(task) -> list[str]:
   return sorted(set(out))
 
 
-def _uv_commands(task) -> list[list[str]]:
-  """The script's ``uv``/``uvx`` commands, each made safe to run at build time: a tool's or a ``run``
-  command's own arguments are replaced by ``--version`` (``uvx -w x pytest /tests`` -> ``uvx -w x pytest
-  --version``; ``uv run pytest`` -> ``uv run python --version``)."""
+def _uv_replays(task) -> list[tuple[list[str], str | None]]:
+  """The script's ``uv``/``uvx`` commands, each made safe to run at build time (a tool's or a ``run``
+  command's own arguments replaced by ``--version``: ``uvx -w x pytest /tests`` -> ``uvx -w x pytest
+  --version``; ``uv run pytest`` -> ``uv run python --version``), with the folder it runs in (None: the image's
+  working directory)."""
   out = []
   skip = {k: (lambda v: None) for k in ("-w", "--with", "--with-requirements", "--with-editable")}
-  for words in _commands(_script(task)):
+  start = _workdir(task)
+  for words, cwd in _script_commands(task):
     prog, rest = Path(words[0]).name, words[1:]
+    where = None if cwd == start else cwd
     if prog == "uvx" or (prog == "uv" and rest[:2] == ["tool", "run"]):
       head = ["uvx"] if prog == "uvx" else ["uv", "tool", "run"]
       args = rest if prog == "uvx" else rest[2:]
       tool = next((a for a in _positionals(args, skip) if _is_spec(a)), None)
       if tool is not None:
-        out.append(head + args[:args.index(tool) + 1] + ["--version"])
+        out.append((head + args[:args.index(tool) + 1] + ["--version"], where))
     elif prog == "uv" and rest[:1] == ["run"]:
       cmd = next(iter(_positionals(rest[1:], skip)), None)
       opts = rest[1:rest.index(cmd, 1)] if cmd is not None else rest[1:]
-      out.append(["uv", "run", *opts, "python", "--version"])
+      out.append((["uv", "run", *opts, "python", "--version"], where))
     elif prog == "uv" and rest[:1] and rest[0] in _UV_REPLAY:
-      out.append(["uv", *rest])
+      out.append((["uv", *rest], where))
   return out
+
+
+def _uv_commands(task) -> list[list[str]]:
+  """The commands of :func:`_uv_replays`."""
+  return [c for c, _ in _uv_replays(task)]
 
 
 def python_requests(task) -> list[str]:
@@ -221,14 +415,15 @@ def build_steps(task, dockerfile: str) -> str:
     steps.append(f"RUN PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install --no-cache-dir "
                  f"--disable-pip-version-check --target {UV_HOME} {shlex.quote(spec)}")
     uv = f"{UV_HOME}/bin/uv"
-  cmds = _uv_commands(task)
+  cmds = _uv_replays(task)
   if cmds:
     env = f"PATH={UV_HOME}/bin:$PATH UV_CACHE_DIR={UV_CACHE} UV_FIND_LINKS={WHEELHOUSE}"
     for v in python_requests(task):  # a build failure naming the version where uv cannot download it
       steps.append(f"RUN {env} {uv} python find {shlex.quote(v)} >/dev/null 2>&1 || {env} {uv} python install "
                    f"{shlex.quote(v)}")
-    replay = " ; ".join(shlex.join(c) for c in cmds)
-    steps.append(f"RUN d=$(mktemp -d) && cd $d && export {env} && ( {replay} ; true ) && cd / && rm -rf $d")
+    # (the wheelhouse exists even when empty: uv refuses a --find-links folder that does not)
+    steps.append(f'RUN mkdir -p {WHEELHOUSE} && w=$(pwd) && d=$(mktemp -d) && export {env} && {_replay(cmds)} && '
+                 f'cd / && rm -rf "$d"')
   if not steps:
     return ""
   user = _last_user(dockerfile)
@@ -236,6 +431,27 @@ def build_steps(task, dockerfile: str) -> str:
     steps = ["USER root", *steps, f"USER {user}"]
   return "# rsi_jax: what the verifier script fetches at test time (rsi_jax.env.verifier_deps)\n" + \
       "\n".join(steps) + "\n"
+
+
+def _replay(cmds: list[tuple[list[str], str | None]]) -> str:
+  """Shell that replays uv commands, each in a copy (under ``$d``) of the folder it runs in at test time (None:
+  ``$w``, the image's working directory; a folder the image lacks: an empty one). A command that fails ends
+  the build with a line naming it; ``uv init`` is left out where the folder already holds a project (it
+  would fail on it at test time too)."""
+  out, dirs = [], {}
+  for cmd, cwd in cmds:
+    if cwd not in dirs:
+      i = dirs[cwd] = len(dirs)
+      src = '"$w"' if cwd is None else shlex.quote(cwd)
+      out.append(f'mkdir "$d/{i}" && {{ [ {src} = / ] || [ ! -d {src} ] || cp -a {src}/. "$d/{i}/"; }}')
+    line = shlex.join(cmd)
+    why = shlex.quote(f"rsi_jax: error: the verifier script command `{line}` failed at build time (replayed "
+                      f"to fill the uv cache; offline, at test time, it would fail too)")
+    run = f"{{ {line} || {{ echo {why} >&2; exit 1; }}; }}"
+    if cmd[:2] == ["uv", "init"]:
+      run = f"{{ [ -e pyproject.toml ] || {run}; }}"
+    out.append(f'cd "$d/{dirs[cwd]}" && {run}')
+  return " && ".join(out)
 
 
 # What the uv installer writes next to uv: sourcing it puts $HOME/.local/bin on PATH.

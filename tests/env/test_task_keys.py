@@ -186,7 +186,7 @@ def test_verifier_fetches_are_turned_into_build_steps(tmp_path):
                       "--no-install-recommends curl git=1:2.39.5-0+deb12u2")
   assert "pytest-json-ctrf==0.3.5 pytest==8.4.1" in steps[3] and "uv==0.7.13" in steps[4]
   assert "uv python find 3.13" in steps[5] and "uv python install 3.13" in steps[5]
-  assert "uv add pytest==8.4.1 ; uv run python --version ; uvx -p 3.13" in steps[6]
+  assert all(f"{{ {c}" in steps[6] for c in ("uv add pytest==8.4.1 ||", "uv run python --version ||", "uvx -p 3.13"))
   assert "/tests/x.py" not in "\n".join(steps) and "ctrf.json" not in "\n".join(steps)
   (d / "tests" / "test.sh").write_text("#!/bin/bash\n# curl https://astral.sh/uv/install.sh is not run here\n"
                                        "python3 -m pytest /tests\n")
