@@ -34,7 +34,7 @@ from rsi_jax.env.sandbox import (CREATE_FAILED, DOCKER_ERROR, LABEL_HOST, LABEL_
                                  SandboxError, build_task_image, docker_client, host_ca_bundle,
                                  install_signal_handlers, reap_orphans)
 from rsi_jax.env.tasks import Task, effective_image_map, parse_memory
-from rsi_jax.env.verifier import VerifierRun, verify
+from rsi_jax.env.verifier import NEEDS_NETWORK, VerifierRun, verify
 from rsi_jax.rl.ctrf import VerificationOutcome, verification_outcome
 
 log = logging.getLogger(__name__)
@@ -45,10 +45,12 @@ NEEDS_INTERNET = "needs_internet"  # the task asks for the network the run does 
 NEEDS_BUILD_NETWORK = "needs_build_network"
 AGENT_ERROR = "agent_error"  # the harness or policy raised (not the agent's behaviour: masked, counted)
 ABORTED = "aborted"  # stopped on purpose (oversampling: enough other episodes finished first)
+# NEEDS_NETWORK (imported above from rsi_jax.env.verifier, which finds it in the test script's output): the tests
+# needed the network and the container has none: never scored
 
 
 # not retried on another endpoint: refusals and stops that say nothing about the endpoint
-_NOT_RETRIED = (NEEDS_INTERNET, NEEDS_BUILD_NETWORK, ABORTED)
+_NOT_RETRIED = (NEEDS_INTERNET, NEEDS_BUILD_NETWORK, NEEDS_NETWORK, ABORTED)
 MAX_ENDPOINT_RETRIES = 3  # runs of one episode ended by a dead endpoint before its failure is kept
 PROBE_TIMEOUT_S = 5.0  # a ping that takes longer counts as no answer
 
@@ -220,11 +222,7 @@ def run_episode(task: Task, harness: Harness, client, settings: EnvSettings, *, 
                         disk_limit_bytes=task.storage_bytes or settings.disk_limit_bytes)
     with box, _removed_on(abort, box):
       res.start_s = box.start_latency_s or 0.0
-      if task.private_in_image:  # private files the build copied (TB1): gone before the agent starts
-        rm = box.exec_raw(["/bin/rm", "-rf", "--", *task.private_in_image], timeout_s=60)
-        if rm.exit_code != 0:
-          raise SandboxError(CREATE_FAILED, f"{task.name}: could not remove private files from the "
-                                            f"container: {rm.output[-300:]}")
+      modes = hide_private(box, task)
       try:
         run: AgentRun = harness.run(box, task, deadline=time.time() + agent_timeout)
       except SandboxError:
@@ -241,11 +239,14 @@ def run_episode(task: Task, harness: Harness, client, settings: EnvSettings, *, 
       box.check_disk()  # what background writers left after the last command
       res.turns, res.segments, res.stop_reason = run.turns, run.segments, run.stop_reason
       res.prompt_tokens, res.generated_tokens, res.agent_s = run.prompt_tokens, run.generated_tokens, run.duration_s
-      v: VerifierRun = verify(box, task, timeout_s=verifier_timeout, hygiene_patterns=settings.hygiene_patterns)
+      v: VerifierRun = verify(box, task, timeout_s=verifier_timeout, hygiene_patterns=settings.hygiene_patterns,
+                              private_modes=modes)
       res.outcome, res.verifier_output, res.verify_s = v.outcome, v.output, v.duration_s
       res.failure_kind = v.failure_kind
       if v.tampered:
         res.error = f"tampered: {list(v.tampered[:5])}"
+      elif v.failure_kind:  # the verifier's infrastructure failure (needs_network, verifier_error, ...): why
+        res.error = v.outcome.reason
   except SandboxError as e:
     res.failure_kind, res.error = e.kind, str(e)
     res.outcome = verification_outcome(infra_error=str(e))
@@ -260,6 +261,31 @@ def run_episode(task: Task, harness: Harness, client, settings: EnvSettings, *, 
     res.failure_kind, res.error = ABORTED, f"aborted (container removed; {res.failure_kind}: {res.error})"
     res.outcome = verification_outcome(infra_error=res.error)
   return res
+
+
+# Argv: the private paths. Prints "<octal mode> <path>" for each (as the image has it), then removes them.
+_HIDE_SCRIPT = r"""
+/usr/bin/stat -c '%a %n' -- "$@" 2>/dev/null
+/bin/rm -rf -- "$@"
+"""
+
+
+def hide_private(box: DockerSandbox, task: Task) -> dict[str, int]:
+  """Remove the private files the build copied (TB1 ``task.private_in_image``) before the agent starts;
+  returns {path: mode} as the image had them (the verifier puts them back with it)."""
+  if not task.private_in_image:
+    return {}
+  paths = list(task.private_in_image)
+  res = box.exec_raw(["/bin/bash", "-c", _HIDE_SCRIPT, "hide", *paths], timeout_s=60)
+  if res.exit_code != 0:
+    raise SandboxError(CREATE_FAILED, f"{task.name}: could not remove private files from the container: "
+                                      f"{' '.join(res.output.split())[-300:]}")
+  modes, wanted = {}, set(paths)
+  for line in res.output.splitlines():
+    mode, _, path = line.partition(" ")
+    if path in wanted and mode.isdigit():
+      modes[path] = int(mode, 8)
+  return modes
 
 
 @contextlib.contextmanager

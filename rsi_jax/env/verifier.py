@@ -4,20 +4,28 @@ Order of operations in the episode's container, once the agent's last command ha
 
 1. stop every process the agent left behind (``kill -KILL -1``; PID 1 is exempt), so nothing can write
    into ``/logs/verifier`` or ``/tests`` while the verifier runs;
-2. look for tampering with the tools the verifier runs on (``docker diff``: changed or deleted programs, the
-   Python interpreter, its library and site-packages, pytest, the dynamic loader and shared libraries, and a
-   new program in a bin directory that shadows one of the same name elsewhere on the verifier's PATH);
-   tampering fails the episode (S = 0). Parent-directory entries of ``docker diff`` and byte-code are not
-   tampering (an agent that ran Python or its own pytest and then solved the task is not punished), but
-   byte-code the agent added or changed in those trees is deleted before the tests run;
-3. delete ``/logs/verifier``, ``/tests`` and pytest configuration files planted at ``/`` (with tools named
-   by absolute path), then copy the task's tests to ``/tests`` (they were never in the container before)
-   and the pytest guard (:mod:`rsi_jax.env.pytest_guard`);
-4. run the test script with a fixed environment (no agent variables, a PATH with the system directories
-   first, no user site-packages, the working directory never on Python's path (``PYTHONSAFEPATH``), on-disk
-   byte-code ignored (a fresh ``PYTHONPYCACHEPREFIX``), the guard loaded into every pytest session, and, in a
-   container without a network, apt fetches not retried: :data:`APT_OFFLINE_CONF`) under the verifier
-   timeout, its whole process group killed at the timeout;
+2. look for tampering with the tools the verifier runs on (``docker diff``, against :func:`protection` of the
+   effective PATH: the image's own, see step 4): changed or deleted programs in a directory on that PATH, the
+   Python interpreters there and what decides where they look for their library (``pyvenv.cfg``, ``._pth``,
+   ``pybuilddir.txt``, anything in a sub-folder of a bin directory), their library and site-packages (a venv's
+   too), pytest, the dynamic loader and shared libraries, and a new program in a bin directory that shadows
+   one of the same name elsewhere on that PATH); tampering fails the episode (S = 0). Parent-directory entries
+   of ``docker diff`` and byte-code are not tampering (an agent that ran Python or its own pytest and then
+   solved the task is not punished), but byte-code the agent added or changed in those trees is deleted before
+   the tests run;
+3. put back the private files the image copied and :func:`rsi_jax.env.pool.run_episode` hid from the agent
+   (``Task.private_origin``: content from the task folder, mode as the image had it), after removing whatever
+   the agent left at those paths, any link or file standing in for a folder above them, what it added inside a
+   copied folder, and pytest configuration it wrote beside or above them; delete ``/logs/verifier``,
+   ``/tests`` and pytest configuration files planted at ``/`` (with tools named by absolute path), then copy
+   the task's tests to ``/tests`` (they were never in the container before) and the pytest guard
+   (:mod:`rsi_jax.env.pytest_guard`);
+4. run the test script with the image's own environment (its config's ``Env``, which the agent cannot change;
+   PATH the image's, :data:`VERIFIER_PATH` if it sets none), then the task's ``[verifier.env]``, then the
+   verifier's fixed variables (no agent variables, no user site-packages, the working directory never on
+   Python's path (``PYTHONSAFEPATH``), on-disk byte-code ignored (a fresh ``PYTHONPYCACHEPREFIX``), the guard
+   loaded into every pytest session, and, in a container without a network, apt fetches not retried:
+   :data:`APT_OFFLINE_CONF`) under the verifier timeout, its whole process group killed at the timeout;
 5. read ``/logs/verifier/ctrf.json``, the terminal gate (``reward.txt``; Terminal-Bench 1: the script's exit
    status and ``parser_name: pytest`` — every collected test passed) and the guard's session records into a
    :class:`rsi_jax.rl.ctrf.VerificationOutcome`. A pytest session that started but did not finish normally
@@ -26,22 +34,29 @@ Order of operations in the episode's container, once the agent's last command ha
    [0, 1] make the report invalid and S = 0.
 
 A verifier that times out, a container that dies, or a Docker error is an infrastructure failure: neither
-success nor failure (masked out of training and counted).
+success nor failure (masked out of training and counted). So are tests that failed for want of a network in a
+container without one (:data:`NEEDS_NETWORK`: the output names a host that does not resolve or an unreachable
+network), a test runner that never ran (Terminal-Bench 1: no pytest session, report or summary, and the
+script's runner not found) and a pytest session that ended with a usage or internal error (exit status 4 or
+3: a test file not found, bad arguments): :data:`VERIFIER_ERROR`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import logging
+import posixpath
 import re
 import secrets
 import tarfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
-from rsi_jax.env.sandbox import (CONTAINER_DIED, VERIFIER_ERROR, VERIFIER_TIMEOUT, DockerSandbox,
+from rsi_jax.env.sandbox import (CONTAINER_DIED, DOCKER_ERROR, VERIFIER_ERROR, VERIFIER_TIMEOUT, DockerSandbox,
                                  SandboxError)
 from rsi_jax.env.tasks import LAYOUT_TB1, Task
 from rsi_jax.env.verifier_deps import OFFLINE_ENV, uv_installer, uv_preseed_script
@@ -49,15 +64,20 @@ from rsi_jax.rl.ctrf import VerificationOutcome, VerificationState, verification
 
 log = logging.getLogger(__name__)
 
+# Failure kind: the tests needed the network and the container has none (never scored, not retried).
+NEEDS_NETWORK = "needs_network"
+
 LOGS_DIR = "/logs/verifier"
 TESTS_DIR = "/tests"
 # pytest picks these up from the ancestors of /tests, i.e. from "/".
 PLANTED_CONFIG = ("/conftest.py", "/pytest.ini", "/tox.ini", "/setup.cfg", "/pyproject.toml")
 
-# The verifier's PATH: system directories first, so nothing added to /usr/local/bin shadows a system tool.
+# The verifier's PATH where the image sets none: system directories first.
 VERIFIER_PATH = "/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/sbin:/usr/local/bin"
-# The pytest guard: its records, its module (on PYTHONPATH, and in the system interpreter's dist-packages
-# for scripts that run Python isolated) and how pytest loads it (PYTEST_PLUGINS survives a script's
+# pytest's configuration files: planted beside or above a test file the image copied, they are removed.
+PYTEST_CONFIG = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
+# The pytest guard: its records, its module (on PYTHONPATH, and in the site-packages of the interpreters on
+# the PATH for scripts that run Python isolated) and how pytest loads it (PYTEST_PLUGINS survives a script's
 # `unset PYTEST_ADDOPTS` and PYTEST_DISABLE_PLUGIN_AUTOLOAD).
 GUARD_DIR = "/logs/.rsi-guard"
 GUARD_LIB = "/logs/.rsi-guard-lib"
@@ -70,6 +90,7 @@ GUARD_SOURCE = Path(__file__).with_name("pytest_guard.py")
 APT_OFFLINE_CONF = f"{GUARD_LIB}/apt-offline.conf"
 APT_OFFLINE = b'Acquire::Retries "0";\n'
 NORMAL_EXIT = (0, 1)  # pytest: all passed / some tests failed; anything else did not finish normally
+ENV_EXIT = (3, 4)  # pytest: internal / usage error (a test file not found, bad arguments): not the agent's
 
 # What the verifier's own execution depends on; any change here (added, changed or deleted) is tampering:
 # the interpreter and anything named like it or like pytest, the Python library and site-packages trees
@@ -84,10 +105,53 @@ _PROTECTED_ANY = re.compile(
     r"|^/(bin|sbin|lib|lib64)$"
     r"|^/opt/rsi-verifier-[^/]+(/.*)?$"  # what the build fetched for the verifier (verifier_deps)
     r"|^/root/\.local/share/uv(/.*)?$")  # Python versions uv installed at build time for the verifier
-# Existing programs may not be changed or deleted (new ones may be added: tasks install tools). root's
-# ~/.local/bin counts too: a verifier script that sources uv's env file puts it first on its PATH.
-_PROGRAM_DIRS = re.compile(r"^(/(usr/)?(local/)?s?bin|/root/\.local/bin)/[^/]+$")
+# Beside the interpreters of the standard directories: what makes Python look for its library elsewhere (a
+# venv's pyvenv.cfg beside the interpreter or one level up, a ._pth file beside it or its shared library).
+_PROTECTED_STARTUP = re.compile(r"^/(usr/)?(local/)?pyvenv\.cfg$"
+                                r"|^/(usr/)?(local/)?lib(64)?/(x86_64-linux-gnu/)?[^/]*\._pth$")
+# Directories whose programs the verifier may run by name: the standard ones and root's ~/.local/bin (a verifier
+# script that sources uv's env file puts it first on its PATH); an image's PATH adds its own.
+STANDARD_DIRS = (*VERIFIER_PATH.split(":"), "/root/.local/bin")
 KIND_MODIFIED, KIND_ADDED, KIND_DELETED = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Protection:
+  """What the verifier runs on for one effective PATH. ``any_change``: paths where a change of any kind
+  (added, changed, deleted) is tampering; ``programs``: programs in a directory on the PATH (or a standard one),
+  which may not be changed or deleted (new ones may be added: tasks install tools); ``dirs``: the directories
+  a new program is compared against for shadowing."""
+  path: str
+  dirs: tuple[str, ...]
+  any_change: re.Pattern
+  programs: re.Pattern
+
+
+@functools.lru_cache(maxsize=256)
+def protection(path: str = VERIFIER_PATH) -> Protection:
+  """The :class:`Protection` for the verifier's PATH ``path``. Every directory on it (and each standard one)
+  is a program directory where also the Python start-up files (``pyvenv.cfg``, ``pybuilddir.txt``, ``*._pth``)
+  and anything inside a sub-folder (a build landmark such as ``Modules/Setup.local``, a ``lib/python3.X``
+  tree) are protected; for a ``.../bin`` directory outside the standard ones, its prefix's ``pyvenv.cfg`` and
+  ``lib/python3*`` tree (a venv's interpreter library and site-packages: pytest, ``.pth`` files,
+  sitecustomize) and interpreters or pytest named like those of the system."""
+  on_path = [posixpath.normpath(d) for d in path.split(":") if d.startswith("/")]
+  extra = [d for d in dict.fromkeys(on_path) if d not in STANDARD_DIRS and d != "/"]
+  dirs = tuple(dict.fromkeys([*on_path, *VERIFIER_PATH.split(":")]))
+  alt = "|".join(re.escape(d) for d in (*STANDARD_DIRS, *extra))
+  parts = [_PROTECTED_ANY.pattern, _PROTECTED_STARTUP.pattern,
+           rf"^({alt})/(pyvenv\.cfg|pybuilddir\.txt|[^/]*\._pth|[^/]+/.+)$"]
+  if extra:
+    mine = "|".join(re.escape(d) for d in extra)
+    parts.append(rf"^({mine})/(python[0-9.]*(-config)?|pytest[-0-9.]*|py\.test[-0-9.]*)$")
+    prefixes = {posixpath.dirname(d) for d in extra if posixpath.basename(d) in ("bin", "sbin")}
+    parents = {posixpath.dirname(d) for d in extra}
+    if parents:
+      parts.append(rf"^({'|'.join(re.escape(p.rstrip('/')) for p in parents)})/pyvenv\.cfg$")
+    if prefixes:
+      parts.append(rf"^({'|'.join(re.escape(p.rstrip('/')) for p in prefixes)})/lib(64)?/"
+                   r"([^/]*\._pth|python3[^/]*(/.*)?)$")
+  return Protection(path, dirs, re.compile("|".join(parts)), re.compile(rf"^({alt})/[^/]+$"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,14 +165,20 @@ class VerifierRun:
   tampered: tuple[str, ...] = ()
 
 
-def tampered_paths(changed) -> list[str]:
+def _entries(changed) -> list[tuple[str, int]]:
+  return [(c, KIND_MODIFIED) if isinstance(c, str) else (c["Path"], c.get("Kind", KIND_MODIFIED))
+          for c in changed]
+
+
+def tampered_paths(changed, prot: Protection | None = None) -> list[str]:
   """The changes (``docker diff``: [{"Path": p, "Kind": 0 modified | 1 added | 2 deleted}] or bare paths,
-  taken as modified) that touch what the verifier runs on. Byte-code is ignored (Python writes it itself
-  when an agent merely imports a module, and the verifier never reads it: a fresh pycache prefix), and so is
-  a "modified" entry for a directory that only holds other changes (``docker diff`` lists the parents of
-  every change)."""
-  entries = [(c, KIND_MODIFIED) if isinstance(c, str) else (c["Path"], c.get("Kind", KIND_MODIFIED))
-             for c in changed]
+  taken as modified) that touch what the verifier runs on (``prot``: :func:`protection` of its PATH, the
+  standard one by default). Byte-code is ignored (Python writes it itself when an agent merely imports a
+  module; the verifier never reads it, and deletes what the agent left in these trees: :func:`agent_bytecode`),
+  and so is a "modified" entry for a directory that only holds other changes (``docker diff`` lists the
+  parents of every change)."""
+  prot = prot or protection()
+  entries = _entries(changed)
   parents = {p.rsplit("/", 1)[0] or "/" for p, _ in entries}
   parents |= {q for p in list(parents) for q in _ancestors(p)}
   out = []
@@ -117,21 +187,22 @@ def tampered_paths(changed) -> list[str]:
       continue
     if kind == KIND_MODIFIED and path in parents:
       continue
-    if _PROTECTED_ANY.match(path) or (_PROGRAM_DIRS.match(path) and kind != KIND_ADDED):
+    if prot.any_change.match(path) or (prot.programs.match(path) and kind != KIND_ADDED):
       out.append(path)
   return out
 
 
-def agent_bytecode(changed) -> list[str]:
+def agent_bytecode(changed, prot: Protection | None = None) -> list[str]:
   """Byte-code the agent added or changed inside what the verifier runs on (``docker diff`` entries under the
-  protected trees: the interpreter's library, site-packages, the verifier's fetched tools). A test script that
-  runs Python in isolated mode (``-I``) ignores the verifier's fresh pycache prefix and would load it in place
-  of the source; the verifier deletes it first (Python falls back to the source, so nothing legitimate is
-  lost)."""
+  protected trees of ``prot``: the interpreters' libraries, site-packages (a venv's on the image's PATH too),
+  the verifier's fetched tools), optimized levels (``.opt-1.pyc``) and sourceless ``.pyc`` modules included.
+  A test script that runs Python in isolated mode (``-I``) ignores the verifier's fresh pycache prefix and
+  would load it in place of the source; the verifier deletes it first (Python falls back to the source, so
+  nothing legitimate is lost)."""
+  prot = prot or protection()
   out = []
-  for c in changed:
-    path, kind = (c, KIND_MODIFIED) if isinstance(c, str) else (c["Path"], c.get("Kind", KIND_MODIFIED))
-    if kind == KIND_DELETED or not _PROTECTED_ANY.match(path):
+  for path, kind in _entries(changed):
+    if kind == KIND_DELETED or not prot.any_change.match(path):
       continue
     if path.endswith((".pyc", ".pyo")) or (kind == KIND_ADDED and path.endswith("/__pycache__")):
       out.append(path)
@@ -144,7 +215,7 @@ def _ancestors(path: str) -> list[str]:
 
 
 # Bash builtins only (nothing on the agent's PATH runs): for each added program, is there another program of
-# the same name in another directory of the verifier's PATH (directories compared by their real path)?
+# the same name in another directory of $VERIFIER_PATH (directories compared by their real path)?
 _SHADOW_SCRIPT = r"""
 for p in "$@"; do
   name=${p##*/}; here=$(cd -P "${p%/*}" 2>/dev/null && pwd -P)
@@ -157,38 +228,133 @@ done
 """
 
 
-def shadowing_programs(sandbox: DockerSandbox, changed) -> list[str]:
-  """New programs in a bin directory that shadow a program of the same name elsewhere on the verifier's
-  PATH (e.g. ``/usr/local/bin/mkdir`` or ``/usr/sbin/diff``)."""
-  added = [c["Path"] for c in changed if not isinstance(c, str) and c.get("Kind") == KIND_ADDED
-           and _PROGRAM_DIRS.match(c["Path"])]
+def shadowing_programs(sandbox: DockerSandbox, changed, prot: Protection | None = None) -> list[str]:
+  """New programs in a program directory of ``prot`` that shadow a program of the same name in another
+  directory of the verifier's PATH or a standard one (e.g. ``/usr/local/bin/mkdir``, ``/usr/sbin/diff``, or
+  ``/opt/venv/bin/mkdir`` with a venv first on the image's PATH)."""
+  prot = prot or protection()
+  added = [p for p, kind in _entries(changed) if kind == KIND_ADDED and prot.programs.match(p)]
   if not added:
     return []
   res = sandbox.exec_raw(["/bin/bash", "-c", _SHADOW_SCRIPT, "shadow", *added], timeout_s=30,
-                         env={"VERIFIER_PATH": VERIFIER_PATH})
+                         env={"VERIFIER_PATH": ":".join(prot.dirs)})
   return [x for x in res.output.splitlines() if x in added]
 
 
+def image_env(sandbox: DockerSandbox) -> dict[str, str]:
+  """The image's own environment (its config's ``Env``; the agent cannot change it)."""
+  try:
+    config = sandbox.container.image.attrs.get("Config") or {}
+  except Exception as e:  # noqa: BLE001 - a docker-py / HTTP error: the verifier cannot run as the image says
+    raise SandboxError(DOCKER_ERROR, f"{sandbox.task_name}: cannot read the image's environment: {e}") from None
+  out = {}
+  for item in config.get("Env") or []:
+    k, sep, v = str(item).partition("=")
+    if sep and k:
+      out[k] = v
+  return out
+
+
+# Puts back private files: $1 = how many paths to restore, those paths, then paths to remove. Every folder above
+# a restored path becomes a real folder (a link or a file there is removed), the path itself is cleared.
+_RESTORE_SCRIPT = r"""
+n=$1; shift
+for p in "${@:1:n}"; do
+  cur=
+  IFS=/ read -ra parts <<< "${p%/*}"
+  for c in "${parts[@]}"; do
+    [[ -n $c ]] || continue
+    cur=$cur/$c
+    if [[ -L $cur || ( -e $cur && ! -d $cur ) ]]; then /bin/rm -rf -- "$cur" || exit 1; fi
+    [[ -d $cur ]] || /bin/mkdir -- "$cur" || exit 1
+  done
+  /bin/rm -rf -- "$p" || exit 1
+done
+shift "$n"
+if [[ $# -gt 0 ]]; then /bin/rm -rf -- "$@" || exit 1; fi
+"""
+
+
+def restore_plan(task: Task, changed) -> list[str]:
+  """What the agent left that must go before the private files are put back (``docker diff`` entries, topmost
+  only): anything it added inside a folder the image copied from the task (e.g. ``/app/tests/conftest.py``
+  or byte-code of the tests), and pytest configuration (:data:`PYTEST_CONFIG`) it added or changed in a folder
+  above a restored file (``/`` is cleared separately)."""
+  origin = task.private_origin
+  roots, above = set(), set()
+  for dst, src in origin.items():
+    try:
+      depth = len(Path(src).relative_to(task.path).parts)
+    except ValueError:
+      depth = 1
+    if depth > 1:
+      roots.add(dst.rsplit("/", depth - 1)[0])
+    above.update(_ancestors(dst))
+  drop = []
+  for path, kind in _entries(changed):
+    if path in origin or kind == KIND_DELETED:
+      continue
+    parent, name = posixpath.split(path)
+    if ((kind == KIND_ADDED and any(path.startswith(r + "/") for r in roots))
+        or (parent in above and name in PYTEST_CONFIG)):
+      drop.append(path)
+  keep = set(drop)
+  return sorted(p for p in drop if not any(a in keep for a in _ancestors(p)))
+
+
+def restore_private(sandbox: DockerSandbox, task: Task, changed, modes: Mapping[str, int] | None = None):
+  """Put every private file the image copied (``task.private_origin``) back at its path, from the task folder,
+  with the mode the image gave it (``modes``, read before the agent started; the task file's own mode where
+  none is known), after clearing what the agent left there (:func:`restore_plan`)."""
+  origin = task.private_origin
+  if not origin:
+    return
+  drop = restore_plan(task, changed)
+  res = sandbox.exec_raw(["/bin/bash", "-c", _RESTORE_SCRIPT, "restore", str(len(origin)), *origin, *drop],
+                         timeout_s=60)
+  if res.exit_code != 0:
+    raise SandboxError(VERIFIER_ERROR, f"{task.name}: could not clear the paths of its private files: "
+                                       f"{' '.join(res.output.split())[-300:]}")
+  by_mode: dict[int, dict[str, bytes]] = {}
+  for dst, src in origin.items():
+    try:
+      mode = (modes or {}).get(dst)
+      mode = Path(src).stat().st_mode & 0o777 if mode is None else mode
+      by_mode.setdefault(mode, {})[dst] = Path(src).read_bytes()
+    except OSError as e:
+      raise SandboxError(VERIFIER_ERROR, f"{task.name}: cannot read {src} to put it back at {dst}: "
+                                         f"{e.strerror}") from None
+  for mode, files in sorted(by_mode.items()):
+    sandbox.put_files(files, mode=mode)
+
+
 def verify(sandbox: DockerSandbox, task: Task, *, timeout_s: float | None = None,
-           hygiene_patterns=(), output_cap_bytes: int = 20_000) -> VerifierRun:
+           hygiene_patterns=(), output_cap_bytes: int = 20_000,
+           private_modes: Mapping[str, int] | None = None) -> VerifierRun:
   """Run the task's protected verifier in ``sandbox`` (after the agent finished). Never raises for
-  sandbox problems: they become an infrastructure-failure outcome with ``failure_kind`` set."""
+  sandbox problems: they become an infrastructure-failure outcome with ``failure_kind`` set.
+  ``private_modes``: {container path: mode} of the private files the image copied, as read before the agent
+  started (:func:`rsi_jax.env.pool.run_episode`)."""
   timeout_s = float(timeout_s or task.verifier_timeout_s)
   t0 = time.time()
   try:
-    return _verify(sandbox, task, timeout_s, hygiene_patterns, output_cap_bytes, t0)
+    return _verify(sandbox, task, timeout_s, hygiene_patterns, output_cap_bytes, t0, private_modes)
   except SandboxError as e:
     out = verification_outcome(infra_error=str(e))
     return VerifierRun(out, "", None, time.time() - t0, failure_kind=e.kind)
 
 
-def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0) -> VerifierRun:
+def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0, private_modes) -> VerifierRun:
   # 1. Nothing the agent started may outlive its turn.
   sandbox.exec_raw(["kill", "-KILL", "-1"], timeout_s=30)
+  # The script's environment: the image's own, the task's, then the verifier's fixed variables.
+  img = image_env(sandbox)
+  path = task.verifier_env.get("PATH") or img.get("PATH") or VERIFIER_PATH
+  prot = protection(path)
   # 2. Tampering with the verifier's tools fails the episode.
   changes = sandbox.changes()
-  bad = tampered_paths(changes)
-  bad += [p for p in shadowing_programs(sandbox, changes) if p not in bad]
+  bad = tampered_paths(changes, prot)
+  bad += [p for p in shadowing_programs(sandbox, changes, prot) if p not in bad]
   if bad:
     log.warning("%s: verifier tools changed by the agent: %s", task.name, bad[:5])
     out = verification_outcome(reward_text="0", exit_code=1)
@@ -196,12 +362,13 @@ def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0) -> VerifierRun:
                               reason=f"verifier tools tampered with: {', '.join(bad[:5])}")
     return VerifierRun(out, "", None, time.time() - t0, tampered=tuple(bad))
   # 3. A clean slate: no pre-written report, no planted tests or pytest configuration, no byte-code of the
-  # agent's in the verifier's own trees.
-  stale = agent_bytecode(changes)
+  # agent's in the verifier's own trees; the private files the image copied back as the image had them.
+  stale = agent_bytecode(changes, prot)
   for i in range(0, len(stale), 500):
     rm = sandbox.exec_raw(["/bin/rm", "-rf", "--", *stale[i:i + 500]], timeout_s=60)
     if rm.exit_code != 0:
       raise SandboxError(VERIFIER_ERROR, f"could not remove the agent's byte-code: {rm.output[-300:]}")
+  restore_private(sandbox, task, changes, private_modes)
   nonce = secrets.token_hex(16)
   clean = sandbox.exec_raw(["/bin/rm", "-rf", LOGS_DIR, TESTS_DIR, GUARD_DIR, GUARD_LIB, *PLANTED_CONFIG],
                            timeout_s=30)
@@ -210,15 +377,20 @@ def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0) -> VerifierRun:
   sandbox.exec_raw(["/bin/mkdir", "-p", LOGS_DIR, GUARD_DIR], timeout_s=30)
   sandbox.put_dir(task.tests_dir, TESTS_DIR, extra=task.extra_test_files)
   guard = {f"{GUARD_LIB}/{GUARD_MODULE}.py": GUARD_SOURCE.read_bytes()}
-  if sandbox.exec_raw(["/bin/bash", "-c", f"[[ -d {SYSTEM_SITE} ]]"], timeout_s=30).exit_code == 0:
-    guard[f"{SYSTEM_SITE}/{GUARD_MODULE}.py"] = guard[f"{GUARD_LIB}/{GUARD_MODULE}.py"]
+  # in the site-packages of each interpreter the script may run isolated (-I ignores PYTHONPATH)
+  sites = sandbox.exec_raw(["/bin/bash", "-c", _SITES_SCRIPT, "sites", *prot.dirs], timeout_s=30)
+  for site in dict.fromkeys(sites.output.splitlines()):
+    if site.startswith("/") and "\n" not in site:
+      guard[f"{site}/{GUARD_MODULE}.py"] = guard[f"{GUARD_LIB}/{GUARD_MODULE}.py"]
   offline = sandbox.network == "none"
   if offline:
     guard[APT_OFFLINE_CONF] = APT_OFFLINE
   sandbox.put_files(guard)
-  # 4. The test script, with a fixed environment.
-  env = {**task.verifier_env, "PATH": task.verifier_env.get("PATH", VERIFIER_PATH), "TEST_DIR": TESTS_DIR, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
-         "PYTHONSAFEPATH": "1", "PYTHONPYCACHEPREFIX": f"/tmp/.rsi-pycache-{nonce}", "PYTHONPATH": GUARD_LIB,
+  # 4. The test script, with the image's environment, the task's, then fixed variables.
+  pythonpath = task.verifier_env.get("PYTHONPATH", img.get("PYTHONPATH", ""))
+  env = {**img, **task.verifier_env, "PATH": path, "TEST_DIR": TESTS_DIR, "PYTHONNOUSERSITE": "1",
+         "PYTHONDONTWRITEBYTECODE": "1", "PYTHONSAFEPATH": "1", "PYTHONPYCACHEPREFIX": f"/tmp/.rsi-pycache-{nonce}",
+         "PYTHONPATH": ":".join(x for x in (GUARD_LIB, pythonpath) if x),
          "PYTEST_PLUGINS": GUARD_MODULE, "RSI_GUARD_NONCE": nonce, "RSI_GUARD_DIR": GUARD_DIR,
          **OFFLINE_ENV}  # pip / uv install what the build fetched, from the image, with the network off
   if offline:
@@ -237,20 +409,29 @@ def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0) -> VerifierRun:
   sandbox.exec_raw(["kill", "-KILL", "-1"], timeout_s=30)
   ctrf = sandbox.get_file(f"{LOGS_DIR}/ctrf.json")
   reward = sandbox.get_file(f"{LOGS_DIR}/reward.txt")
+  network = network_failure(res.output, ignore=_satisfied_hosts(task)) if offline else ""
+
+  def infra(kind: str, why: str) -> VerifierRun:
+    log.warning("%s: verification is an infrastructure failure (%s): %s", task.name, kind, why)
+    return VerifierRun(verification_outcome(infra_error=why), res.output, res.exit_code, time.time() - t0,
+                       failure_kind=kind)
+
   if task.layout != LAYOUT_TB1 and reward is None:
     # Harbor's verifier must write reward.txt; without it the verifier itself broke.
-    out = verification_outcome(infra_error=f"verifier wrote no reward.txt (exit {res.exit_code})")
-    return VerifierRun(out, res.output, res.exit_code, time.time() - t0, failure_kind=VERIFIER_ERROR)
+    if network:
+      return infra(NEEDS_NETWORK, f"the tests need the network, which the container does not have: {network}")
+    return infra(VERIFIER_ERROR, f"verifier wrote no reward.txt (exit {res.exit_code})")
   sessions = _guard_sessions(sandbox)
   problem = session_problem(sessions, nonce)
+  broken = "" if problem else session_error(sessions)
   collected = {t: o for s in sessions for t, o in (s.get("outcomes") or {}).items()}
   ids = [t for s in sessions for t in s.get("collected") or []]
+  summary = pytest_summary(res.output) if task.layout == LAYOUT_TB1 and not sessions else []
   if task.layout == LAYOUT_TB1 and ctrf is None and not problem:
     # parser_name: pytest — the counts of the verifier's own collection; S needs every test passed. A script
     # that runs no pytest at all (a gradle or cargo run that prints a pytest-style summary, as TB1's
     # adapters do) is read the way TB1's parser reads it (pytest_summary): the guard cannot vouch for it.
-    tests = ([{"name": t, "status": collected.get(t, "failed")} for t in ids] if sessions
-             else pytest_summary(res.output))
+    tests = [{"name": t, "status": collected.get(t, "failed")} for t in ids] if sessions else summary
     ctrf = {"results": {"tool": {"name": "pytest"}, "summary": {}, "tests": tests}}
   out = verification_outcome(ctrf=ctrf, reward_text=reward, exit_code=res.exit_code,
                              hygiene_patterns=hygiene_patterns)
@@ -260,12 +441,81 @@ def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0) -> VerifierRun:
   r = out.terminal_reward
   if not problem and r is not None and not 0.0 <= r <= 1.0:
     problem = f"reward {r:g} outside [0, 1]"
-  if not problem and task.layout == LAYOUT_TB1 and out.success == 1 and (out.total == 0 or out.passed < out.total):
-    problem = f"parser pytest: {out.passed} of {out.total} tests passed"
+  if not problem:  # what the environment lacked or broke (never scored), then TB1's parser
+    passed = out.state == VerificationState.OK and out.success == 1 and (
+        task.layout != LAYOUT_TB1 or 0 < out.total == out.passed)
+    if network and not passed:
+      return infra(NEEDS_NETWORK, f"the tests need the network, which the container does not have: {network}")
+    if broken:
+      return infra(VERIFIER_ERROR, f"{broken}; last output line: {_last_line(res.output)!r}")
+    if (task.layout == LAYOUT_TB1 and not sessions and not summary and not _ctrf_tests(ctrf) and not passed
+        and runner_missing(res.output, res.exit_code)):
+      return infra(VERIFIER_ERROR, f"the test runner never ran (no pytest session, report or test summary; "
+                                   f"exit {res.exit_code}): {_last_line(res.output)!r}")
+    if task.layout == LAYOUT_TB1 and out.success == 1 and not passed:
+      problem = f"parser pytest: {out.passed} of {out.total} tests passed"
   if problem:
     log.warning("%s: verification rejected: %s", task.name, problem)
     out = dataclasses.replace(out, state=VerificationState.INVALID_REPORT, success=0, reason=problem)
   return VerifierRun(out, res.output, res.exit_code, time.time() - t0)
+
+
+# The site-packages of the interpreters of the given directories' prefixes ("<prefix>/bin" -> "<prefix>/lib/
+# python3*/site-packages") and Debian's system dist-packages.
+_SITES_SCRIPT = r"""
+for d in "$@"; do
+  [[ ${d##*/} == bin ]] || continue
+  for s in "${d%/*}"/lib/python3*/site-packages; do [[ -d $s && ! -L $s ]] && echo "$s"; done
+done
+""" + f"[[ -d {SYSTEM_SITE} ]] && echo {SYSTEM_SITE}\nexit 0\n"
+
+# What a name lookup or a connection says when the container has no network (curl, glibc / Python, Node, Java,
+# Go, wget, apt-style "Could not resolve"): a host that does not resolve, or a network that cannot be reached
+# (offline that means a non-loopback address). "Connection refused" is a server that is not there: the task's.
+_NAME_FAILURE = re.compile(
+    r"could not resolve host|temporary failure in name resolution|name or service not known|"
+    r"no address associated with hostname|getaddrinfo (?:ENOTFOUND|EAI_AGAIN)|UnknownHostException|"
+    r"\[Errno -[235]\]|unable to resolve host address|dial tcp: lookup \S+.*no such host", re.IGNORECASE)
+_UNREACHABLE = re.compile(r"network is unreachable|\bENETUNREACH\b|\[Errno 101\]", re.IGNORECASE)
+_LOOPBACK = re.compile(r"\blocalhost\b|\b127(?:\.\d{1,3}){3}\b|\[?::1\]?(?![\w:])|\b0\.0\.0\.0\b", re.IGNORECASE)
+_SESSION_START = re.compile(r"^=+ test session starts =+$", re.MULTILINE)
+
+
+def network_failure(output: str, ignore: tuple[str, ...] = ()) -> str:
+  """The first line of a test script's output that shows a network failure (a name that does not resolve, an
+  unreachable network to a non-loopback address), "" if none. Once a pytest session started, only its output
+  counts (a setup step before it that failed offline, e.g. an installer the verifier satisfied from the image,
+  did not fail the tests); lines naming a host in ``ignore`` do not count."""
+  starts = [m.start() for m in _SESSION_START.finditer(output)]
+  text = output[starts[0]:] if starts else output
+  for line in text.splitlines():
+    if ignore and any(h in line for h in ignore):
+      continue
+    if _NAME_FAILURE.search(line) or (_UNREACHABLE.search(line) and not _LOOPBACK.search(line)):
+      line = " ".join(line.split())
+      return line if len(line) <= 300 else line[:297] + "..."
+  return ""
+
+
+def _satisfied_hosts(task) -> tuple[str, ...]:
+  """Hosts whose fetches the verifier satisfies from the image (the uv installer's)."""
+  return ("astral.sh",) if uv_installer(task) is not None else ()
+
+
+_PYTEST_USAGE = re.compile(r"^ERROR: (usage:|file or directory not found)|error: unrecognized arguments",
+                           re.MULTILINE | re.IGNORECASE)
+
+
+def runner_missing(output: str, exit_code: int | None) -> bool:
+  """Whether a script's test runner never started: the shell could not find or run it (exit status 127 / 126,
+  or "command not found"), or pytest refused its arguments before any session."""
+  return exit_code in (126, 127) or "command not found" in output or bool(_PYTEST_USAGE.search(output))
+
+
+def _last_line(output: str) -> str:
+  lines = [x.strip() for x in output.splitlines() if x.strip()]
+  line = lines[-1] if lines else ""
+  return line if len(line) <= 300 else line[:297] + "..."
 
 
 _SHORT_SUMMARY = re.compile(r"=+\s*short test summary info\s*=+", re.IGNORECASE)
@@ -309,14 +559,28 @@ def _guard_sessions(sandbox) -> list[dict]:
 
 def session_problem(sessions: list[dict], nonce: str) -> str:
   """Why the guard's records cannot be trusted ("" if they can): a record the verifier did not start (wrong
-  nonce), or a session that did not finish normally (pytest exit status 0 or 1)."""
+  nonce), or a session that did not finish normally (pytest exit status 0 or 1; a usage or internal error,
+  3 or 4, is the verifier's own: :func:`session_error`)."""
   for s in sessions:
     if not isinstance(s, dict) or s.get("nonce") != nonce:
       return "a pytest session record the verifier did not start"
+  for s in sessions:
     if not s.get("finished"):
       return f"a pytest session (pid {s.get('pid')}) did not finish: the process ended inside the tests"
-    if s.get("exitstatus") not in NORMAL_EXIT:
+    if s.get("exitstatus") not in NORMAL_EXIT + ENV_EXIT:
       return f"a pytest session ended with exit status {s.get('exitstatus')} (not a normal finish)"
+  return ""
+
+
+def session_error(sessions: list[dict]) -> str:
+  """A pytest session of the verifier's that ended with an internal error (exit status 3) or a usage error
+  (4: a test file or folder not found, bad arguments): the environment's fault, not the agent's ("" if
+  none)."""
+  for s in sessions:
+    status = s.get("exitstatus")
+    if status in ENV_EXIT:
+      what = "a usage error" if status == 4 else "an internal error"
+      return f"a pytest session (pid {s.get('pid')}) ended with {what} (exit status {status})"
   return ""
 
 
