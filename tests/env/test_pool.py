@@ -102,7 +102,8 @@ def test_infrastructure_failures_are_counted(docker_client, settings, fixture_ta
   assert pool.counts[f"infra:{BUILD_FAILED}"] == 1 and pool.counts[f"infra:{VERIFIER_TIMEOUT}"] == 1
   assert {r.endpoint for r in (ok, build, hang)} == {"", "unix:///var/run/docker.sock"}
   # the failed build names its step, and is not retried per episode: the next one fails at once
-  assert re.search(r"build failed at Step \d+/\d+ : RUN exit 3", build.error), build.error
+  assert re.search(r"build failed at \S+/harbor-broken-build/environment/Dockerfile line \d+ \(RUN exit 3\)",
+                   build.error), build.error
   from rsi_jax.env.pool import run_episode
   again = run_episode(load_task(broken), OracleHarness(), docker_client, settings)
   assert again.failure_kind == BUILD_FAILED and "cached: the same build failed earlier" in again.error
