@@ -43,7 +43,11 @@ TOOLS = "/opt/rsi-verifier-tools"
 UV_CACHE = f"{TOOLS}/uv-cache"
 UV_HOME = f"{TOOLS}/uv"  # pip --target of the uv wheel: uv and uvx in bin/
 OFFLINE_ENV = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": WHEELHOUSE, "UV_OFFLINE": "1", "UV_FIND_LINKS": WHEELHOUSE,
-               "UV_CACHE_DIR": UV_CACHE, "UV_PYTHON_DOWNLOADS": "never", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+               "UV_CACHE_DIR": UV_CACHE, "UV_PYTHON_DOWNLOADS": "never", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+               # pip's and uv's configuration files are the agent's to write: the verifier's installs read none
+               # (pip lets these variables override a file's find-links already; the rest of a file could still
+               # change what gets installed: constraints, pre-releases, targets)
+               "PIP_CONFIG_FILE": "/dev/null", "UV_NO_CONFIG": "1"}
 _OPTS_WITH_VALUE = {"-i", "--index-url", "--extra-index-url", "-c", "--constraint", "--target", "-t", "--prefix",
                     "--root", "-p", "--python", "--platform", "--python-version", "-e", "--editable",
                     "--find-links", "-f", "--cache-dir", "--src", "--from", "--group", "--optional",

@@ -159,3 +159,16 @@ def test_uv_commands_are_replayed_where_they_run(tmp_path, docker_client, settin
   first = str(e.value).splitlines()[0]
   assert e.value.kind == BUILD_FAILED
   assert "for what the verifier script fetches" in first and "command `uv sync` failed at build time" in first, first
+
+
+@pytest.mark.docker
+def test_verifier_installs_read_no_configuration_file_of_the_agents(docker_client):
+  """pip's configuration files are writable by the agent (``/etc/pip.conf``, ``~/.config/pip``): with the
+  verifier's install variables pip reads none of them (uv likewise: UV_NO_CONFIG)."""
+  from rsi_jax.env.verifier_deps import OFFLINE_ENV
+  script = ("printf '[global]\\ntimeout = 7\\n[install]\\npre = true\\n' > /etc/pip.conf; "
+            "python3 -m pip config list 2>&1")
+  out = docker_client.containers.run("rsi-base", ["/bin/bash", "-c", script], environment=OFFLINE_ENV,
+                                     network_mode="none", remove=True).decode()
+  assert "timeout" not in out and "pre" not in out, out
+  assert OFFLINE_ENV["UV_NO_CONFIG"] == "1"
