@@ -332,9 +332,12 @@ class SamplerConfig:
 class EnvConfig:
   tasks_dir: str = "tasks"
   max_tasks: int = 0  # the task pool: 0 = every task in tasks_dir, else this many, round-robin over families
+  # false: a task folder that cannot be used is refused and listed with its reason, the others train; true: the
+  # first such folder stops the run
+  strict_tasks: bool = False
   base_image: str = "rsi-base"
   # upstream base image (glob, first match wins) -> local image, for images not available locally; merged over
-  # rsi_jax.env.tasks.DEFAULT_IMAGE_MAP (ubuntu, debian, python, buildpack-deps, Terminal-Bench -> the family)
+  # rsi_jax.env.tasks.DEFAULT_IMAGE_MAP (ubuntu, debian, python, buildpack-deps, TB base images -> the family)
   image_map: dict = dataclasses.field(default_factory=dict)
   docker_hosts: tuple = ()  # () = the local daemon (DOCKER_HOST or the default socket)
   # while every endpoint is down, an episode waits this long for one to answer again, then fails with
@@ -360,6 +363,8 @@ class EnvConfig:
     _check(self.concurrency > 0, f"{p}.concurrency", f"must be > 0, got {self.concurrency}")
     _check(self.endpoint_wait_s >= 0, f"{p}.endpoint_wait_s", f"must be >= 0, got {self.endpoint_wait_s}")
     _check(self.max_tasks >= 0, f"{p}.max_tasks", f"must be >= 0 (0 = all), got {self.max_tasks}")
+    _check(isinstance(self.strict_tasks, bool), f"{p}.strict_tasks",
+           f"must be true or false, got {self.strict_tasks!r}")
     _check(self.network in ("none", "host", "bridge"), f"{p}.network",
            f"must be none/host/bridge, got {self.network!r}")
     _check(self.build_network in ("none", "host", "default"), f"{p}.build_network",

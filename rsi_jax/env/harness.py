@@ -30,7 +30,7 @@ import numpy as np
 
 from rsi_jax.env import actions as A
 from rsi_jax.env.sandbox import DockerSandbox
-from rsi_jax.env.tasks import Task
+from rsi_jax.env.tasks import LAYOUT_HARBOR, Task
 from rsi_jax.policy import (FINISH_EOS, FINISH_LENGTH, FINISH_REJECTED, Completion, Policy,
                             SamplingParams)
 
@@ -96,15 +96,28 @@ class Harness:
   def run(self, sandbox: DockerSandbox, task: Task, deadline: float) -> AgentRun:
     raise NotImplementedError
 
+  @staticmethod
+  def refusal(task: Task) -> str | None:
+    """Why this harness cannot run ``task`` at all (a refusal before any episode), or None."""
+    return None
+
 
 class OracleHarness(Harness):
   """Runs the reference solution (``solution/solve.sh`` or ``solution.sh``) from the working directory."""
   name = "oracle"
 
+  @staticmethod
+  def refusal(task: Task) -> str | None:
+    if task.solution is None:
+      where = "solution/solve.sh" if task.layout == LAYOUT_HARBOR else "solution.sh"
+      return f"no reference solution ({where}) for the oracle harness to run"
+    return None
+
   def run(self, sandbox, task, deadline):
     t0 = time.time()
-    if task.solution is None:
-      raise FileNotFoundError(f"{task.name}: no reference solution")
+    why = self.refusal(task)
+    if why:
+      raise FileNotFoundError(f"{task.name}: {why}")
     src = task.solution.parent if task.solution.name == "solve.sh" else None
     if src is not None:
       sandbox.put_dir(src, "/oracle")

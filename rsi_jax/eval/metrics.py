@@ -2,7 +2,9 @@
 
 Scores are a task × repeat matrix ``s`` of shape (n, R) with entries in {0, 1} (strict success) or NaN where
 an attempt produced no score (an infrastructure failure). Following the paper, an existing attempt without a
-reward counts as a failure in Mean@R and pass@R; checker-level means instead *exclude* unscored attempts.
+reward counts as a failure in Mean@R and pass@R; checker-level means instead *exclude* unscored attempts. An
+evaluation's headline, and its figures per difficulty, family and stratum, leave them out instead
+(``scored_*``), with the infrastructure failures counted beside them and the paper's figures next to them.
 
     Mean@R  = 100 / (n R) Σ_i Σ_r s_ir                       (Eq. 21, left)
     pass@R  = 100 / n     Σ_i 1{max_r s_ir = 1}              (Eq. 21, right)
@@ -71,13 +73,33 @@ def strict_completions(s, threshold: float = 1.0) -> float:
   return float((np.nan_to_num(s, nan=0.0) >= threshold).sum(axis=0).mean())
 
 
-def by_stratum(s, strata: Sequence[str]) -> dict[str, dict[str, float]]:
-  """Mean@R and task count per difficulty stratum, tasks weighted equally within a stratum."""
+def scored_mean_at_r(s) -> float | None:
+  """Mean@R over the scored attempts only: infrastructure failures (NaN) are left out, as in the headline of an
+  evaluation; None when no attempt was scored."""
   s = _scores(s)
+  return float(100.0 * np.nanmean(s)) if (~np.isnan(s)).any() else None
+
+
+def scored_pass_at_r(s) -> float | None:
+  """pass@R over the tasks with at least one scored attempt (the headline's rule); None when there are none."""
+  s = _scores(s)
+  rows = (~np.isnan(s)).any(axis=1)
+  return float(100.0 * (np.nan_to_num(s[rows], nan=0.0).max(axis=1) == 1).mean()) if rows.any() else None
+
+
+def by_stratum(s, strata: Sequence[str]) -> dict[str, dict]:
+  """Per group of tasks (a difficulty, a family), tasks weighted equally within it: the task count, scored
+  attempts and infrastructure failures, Mean@R and pass@R as the headline counts them (infrastructure failures
+  left out; None for a group with no scored attempt), and both with infrastructure failures as failures."""
+  s = _scores(s) if np.size(s) else np.asarray(s, dtype=np.float64)
   if len(strata) != s.shape[0]:
     raise ValueError(f"{len(strata)} strata for {s.shape[0]} tasks")
   out = {}
   for name in sorted(set(strata)):
     rows = np.array([x == name for x in strata])
-    out[name] = {"tasks": int(rows.sum()), "mean_at_r": mean_at_r(s[rows]), "pass_at_r": pass_at_r(s[rows])}
+    g = s[rows]
+    out[name] = {"tasks": int(rows.sum()), "scored_attempts": int((~np.isnan(g)).sum()),
+                 "infra_failures": int(np.isnan(g).sum()), "mean_at_r": scored_mean_at_r(g),
+                 "pass_at_r": scored_pass_at_r(g), "mean_at_r_with_infra_as_failure": mean_at_r(g),
+                 "pass_at_r_with_infra_as_failure": pass_at_r(g)}
   return out

@@ -8,8 +8,9 @@ folder of such folders, one per suite. ``--run_dir`` takes a training run's in-t
 last one of each phase (``<run>/eval/<phase>/<step>/``, ``base`` first when it exists). The report is
 ``report.md`` and ``report.json``: Mean@R per suite and stage with the change in points against the previous
 stage and each suite's best stage in bold, the mean over suites, task-weighted scores per frozen difficulty
-stratum, and PNG plots of the progression (``progression.png``, Fig. 5) and of each stratum
-(``strata.png``, Fig. 10).
+stratum (as the headline: infrastructure failures left out and counted beside the score; "n/a (k infra)" where
+nothing was scored), the task folders each evaluation refused with their reasons, and PNG plots of the
+progression (``progression.png``, Fig. 5) and of each stratum (``strata.png``, Fig. 10).
 """
 
 from __future__ import annotations
@@ -102,7 +103,17 @@ def build(stages: Sequence[tuple[str, dict[str, dict]]]) -> dict:
       for k, v in ((d.get(suite) or {}).get("by_stratum") or {}).items():
         rows.setdefault(k, {})[name] = v
     strata[suite] = {k: rows[k] for k in (*STRATA, "unstratified") if k in rows}
-  return {"stages": names, "suites": suites, "mean_at_r": table, "suite_mean": mean_row, "strata": strata}
+  refused = [{"stage": name, "suite": suite, **r} for name, d in stages for suite in suites
+             for r in ((d.get(suite) or {}).get("refused") or [])]
+  return {"stages": names, "suites": suites, "mean_at_r": table, "suite_mean": mean_row, "strata": strata,
+          "refused": refused}
+
+
+def _stratum_cell(v: dict) -> str:
+  """A stratum's score, with the infrastructure failures left out of it beside it."""
+  infra = v.get("infra_failures") or 0
+  note = f" ({infra} infra)" if infra else ""
+  return ("n/a" if v.get("score") is None else _fmt(v["score"])) + note
 
 
 def to_markdown(rep: dict) -> str:
@@ -126,13 +137,25 @@ def to_markdown(rep: dict) -> str:
   for suite, rows in rep["strata"].items():
     if not rows:
       continue
-    lines += ["", f"## {suite}: task-weighted score (%) per difficulty stratum", "",
-              "| Stratum | Tasks | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
+    lines += ["", f"## {suite}: task-weighted score (%) per difficulty stratum", ""]
+    if any(v.get("infra_failures") for per in rows.values() for v in per.values()):
+      lines += ["As in the headline, tasks whose attempts were all infrastructure failures are left out of a score; "
+                "the infrastructure failures are counted beside it (n/a: nothing scored).", ""]
+    lines += ["| Stratum | Tasks | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
     for k, per in rows.items():
       tasks = next(iter(per.values()))["tasks"]
-      lines.append(f"| {k} | {tasks} | " + " | ".join(_fmt(per[n]["score"]) if n in per else "–" for n in names)
+      lines.append(f"| {k} | {tasks} | " + " | ".join(_stratum_cell(per[n]) if n in per else "–" for n in names)
                    + " |")
+  if rep.get("refused"):
+    lines += ["", "## Refused task folders (not evaluated)", "", "| Stage | Suite | Task | Reason |",
+              "|---|---|---|---|"]
+    lines += [f"| {r['stage']} | {r['suite']} | {_cell_text(r['task'])} | {_cell_text(r['reason'])} |"
+              for r in rep["refused"]]
   return "\n".join(lines) + "\n"
+
+
+def _cell_text(text: str) -> str:
+  return " ".join(str(text).split()).replace("|", "\\|")
 
 
 def plot(rep: dict, out_dir: epath.Path) -> list[epath.Path]:
@@ -154,9 +177,10 @@ def plot(rep: dict, out_dir: epath.Path) -> list[epath.Path]:
   pooled = {}
   for rows in rep["strata"].values():
     for k, per in rows.items():
-      for n, v in per.items():
+      for n, v in per.items():  # over the scored tasks (None: nothing scored)
         t, sc = pooled.setdefault(k, {}).get(n, (0, 0.0))
-        pooled[k][n] = (t + v["tasks"], sc + v["score"] * v["tasks"])
+        w = v.get("scored_tasks", v["tasks"]) if v.get("score") is not None else 0
+        pooled[k][n] = (t + w, sc + (v["score"] or 0.0) * w)
   if pooled:
     fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(names)), 3.6), dpi=120)
     shades = {"Easy": "#9ecae1", "Medium": "#4292c6", "Hard": "#08519c", "Extreme": "#08306b",

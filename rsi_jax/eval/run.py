@@ -7,7 +7,11 @@ tokens per turn; the input limit and summarization threshold of ``env``).
 Infrastructure failures (a container that cannot start, a verifier that hangs) are retried up to
 ``eval.infra_retries`` times; what still fails is reported apart. The headline Mean@R and pass@R count only
 attempts that were scored; the paper's rule (an attempt without a reward is a failure) gives the second
-figure, ``*_with_infra_as_failure``; both are printed. :meth:`EvalReport.write` stores ``summary.json`` and
+figure, ``*_with_infra_as_failure``; both are printed. The figures per difficulty, family and stratum follow
+the headline's rule and count the infrastructure failures beside them (a group with nothing scored: "n/a (k
+infra)"); infrastructure failures are counted per kind and per task. Task folders that cannot run are refused
+with their reason, listed, and the rest is evaluated (:func:`suite_tasks`). :meth:`EvalReport.write` stores
+``summary.json`` (``refused``: [{task, reason}]; ``per_task.<task>.infra``: {kind: attempts}) and
 ``attempts.jsonl``.
 """
 
@@ -17,13 +21,15 @@ import dataclasses
 import json
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from etils import epath
 
 from rsi_jax.config import Config
-from rsi_jax.eval.metrics import by_stratum, mean_at_r, pass_at_r, process_reward, strict_completions
+from rsi_jax.eval.metrics import (by_stratum, mean_at_r, pass_at_r, process_reward, scored_mean_at_r,
+                                  scored_pass_at_r, strict_completions)
 from rsi_jax.eval.strata import stratum_of, stratum_scores
 from rsi_jax.policy import SamplingParams
 
@@ -42,38 +48,61 @@ class EvalReport:
   strata: dict = dataclasses.field(default_factory=dict)  # the suite's frozen strata (rsi_jax.eval.strata)
   retries: int = 0  # infrastructure-failed attempts that were run again
   info: dict = dataclasses.field(default_factory=dict)  # suite, harness, checkpoint, sampling, ...
+  refused: list = dataclasses.field(default_factory=list)  # [{"task", "reason"}]: folders of the suite not run
+  notes: list = dataclasses.field(default_factory=list)  # what the loading adjusted (a task named twice)
+
+  def infra_by_task(self) -> dict[str, dict[str, int]]:
+    """{task: {failure kind: attempts}} of the attempts that stayed infrastructure failures."""
+    out: dict[str, dict[str, int]] = {}
+    for e in self.episodes:
+      if e.get("infra_failure"):
+        kinds = out.setdefault(e["task"], {})
+        kind = e.get("failure_kind") or "unknown"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return out
 
   def metrics(self) -> dict:
     s = self.scores
     scored = ~np.isnan(s)
-    rows = scored.any(axis=1)
+    empty = s.size == 0
+    kinds: dict[str, int] = {}
+    for per in self.infra_by_task().values():
+      for k, n in per.items():
+        kinds[k] = kinds.get(k, 0) + n
     out = {"n_tasks": len(self.tasks), "tasks": len(self.tasks), "runs": int(s.shape[1]),
            "repeats": int(s.shape[1]),
-           "mean_at_r": float(100.0 * np.nanmean(s)) if scored.any() else None,
-           "pass_at_r": float(100.0 * (np.nan_to_num(s[rows], nan=0.0).max(axis=1) == 1).mean())
-           if rows.any() else None,
-           "mean_at_r_with_infra_as_failure": mean_at_r(s), "pass_at_r_with_infra_as_failure": pass_at_r(s),
-           "strict_completions": strict_completions(s), "infra_failures": self.infra_failures,
-           "infra_retries": self.retries, "scored_attempts": int(scored.sum())}
+           "mean_at_r": None if empty else scored_mean_at_r(s), "pass_at_r": None if empty else scored_pass_at_r(s),
+           "mean_at_r_with_infra_as_failure": None if empty else mean_at_r(s),
+           "pass_at_r_with_infra_as_failure": None if empty else pass_at_r(s),
+           "strict_completions": 0.0 if empty else strict_completions(s), "infra_failures": self.infra_failures,
+           "infra_by_kind": dict(sorted(kinds.items())), "infra_retries": self.retries,
+           "scored_attempts": int(scored.sum()), "refused": list(self.refused), "n_refused": len(self.refused)}
     f = self.fractions[~np.isnan(self.fractions)]
     out["process_reward"] = process_reward(f) if f.size else None
     out["by_difficulty"] = by_stratum(s, self.difficulties)
-    out["by_stratum"] = stratum_scores(self.per_task_scores(), self.strata) if self.strata else {}
+    out["by_family"] = by_stratum(s, self.families) if len(self.families) == len(self.tasks) else {}
+    infra = {t: sum(k.values()) for t, k in self.infra_by_task().items()}
+    out["by_stratum"] = stratum_scores(self.per_task_scores(), self.strata, infra) if self.strata else {}
     return out
 
-  def per_task_scores(self) -> dict[str, float]:
-    """Each task's mean full-pass indicator over its repeats (attempts without a reward as 0; App. F)."""
-    return {t: float(np.nan_to_num(row, nan=0.0).mean()) for t, row in zip(self.tasks, self.scores)}
+  def per_task_scores(self) -> dict[str, float | None]:
+    """Each task's mean full-pass indicator over its scored repeats (None: no attempt was scored; the
+    headline's rule, App. F counts those attempts as 0: ``mean_with_infra_as_failure`` of :meth:`summary`)."""
+    return {t: float(np.nanmean(row)) if (~np.isnan(row)).any() else None for t, row in zip(self.tasks, self.scores)}
 
   def summary(self) -> dict:
     m = self.metrics()
     fams = self.families or [""] * len(self.tasks)
+    infra = self.infra_by_task()
+    per = self.per_task_scores()
     m["per_task"] = {
         t: {"family": fam, "difficulty": d, "stratum": stratum_of(self.strata, t) if self.strata else None,
             "scores": [None if np.isnan(x) else int(x) for x in row],
-            "mean": float(np.nan_to_num(row, nan=0.0).mean()),
+            "mean": per[t], "mean_with_infra_as_failure": float(np.nan_to_num(row, nan=0.0).mean()),
+            "infra_failures": int(sum(infra.get(t, {}).values())), "infra": infra.get(t, {}),
             "checks": [None if np.isnan(x) else float(x) for x in frow]}
         for t, fam, d, row, frow in zip(self.tasks, fams, self.difficulties, self.scores, self.fractions)}
+    m["notes"] = list(self.notes)
     m.update(self.info)
     if self.strata:
       m["strata"] = {k: self.strata.get(k) for k in ("cutoffs", "file", "definition")}
@@ -92,18 +121,42 @@ class EvalReport:
     m = self.metrics()
     r = m["repeats"]
     pct = lambda x: "n/a" if x is None else f"{x:.2f}%"  # noqa: E731
-    lines = [f"tasks {m['tasks']} x repeats {r}",
+    lines = [f"tasks {m['tasks']} x repeats {r}" + (f" ({m['n_refused']} task folder(s) refused, listed below)"
+                                                    if m["n_refused"] else ""),
              f"Mean@{r}  {pct(m['mean_at_r'])}  (infrastructure failures as failures: "
              f"{pct(m['mean_at_r_with_infra_as_failure'])})",
              f"pass@{r}  {pct(m['pass_at_r'])}  (infrastructure failures as failures: "
              f"{pct(m['pass_at_r_with_infra_as_failure'])})",
              f"process reward  {m['process_reward'] if m['process_reward'] is None else round(m['process_reward'], 4)}",
              f"strict completions  {m['strict_completions']:.2f}/{m['tasks']}",
-             f"infrastructure failures  {m['infra_failures']} (after {m['infra_retries']} retried attempt(s))"]
-    lines += [f"  {k}: {v['tasks']} tasks, Mean@R {v['mean_at_r']:.2f}%, pass@R {v['pass_at_r']:.2f}%"
-              for k, v in m["by_difficulty"].items()]
-    lines += [f"  stratum {k}: {v['tasks']} tasks, score {v['score']:.2f}%" for k, v in m["by_stratum"].items()]
+             f"infrastructure failures  {m['infra_failures']} (after {m['infra_retries']} retried attempt(s))"
+             + "".join(f", {k} {n}" for k, n in m["infra_by_kind"].items())]
+    lines += [f"  task {t}: " + ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items()))
+              for t, kinds in sorted(self.infra_by_task().items())]
+    groups = [(f"difficulty {k}", v) for k, v in m["by_difficulty"].items()]
+    groups += [(f"family {k}", v) for k, v in m["by_family"].items()]
+    if groups or m["by_stratum"]:
+      lines.append("per group, as the headline: infrastructure failures left out of the scores, counted beside them")
+    for name, v in groups:
+      infra = f" ({v['infra_failures']} infra)" if v["infra_failures"] else ""
+      if v["mean_at_r"] is None:
+        lines.append(f"  {name}: {_n_tasks(v['tasks'])}, n/a{infra}")
+      else:
+        lines.append(f"  {name}: {_n_tasks(v['tasks'])}, Mean@R {v['mean_at_r']:.2f}%, pass@R {v['pass_at_r']:.2f}%"
+                     + infra)
+    for k, v in m["by_stratum"].items():
+      infra = f" ({v['infra_failures']} infra)" if v.get("infra_failures") else ""
+      score = "n/a" if v["score"] is None else f"{v['score']:.2f}%"
+      lines.append(f"  stratum {k}: {_n_tasks(v['tasks'])}, score {score}{infra}")
+    lines += [f"note: {n}" for n in self.notes]
+    if self.refused:
+      lines.append(f"refused {len(self.refused)} task folder(s), not evaluated:")
+      lines += [f"  {x['task']}: {x['reason']}" for x in self.refused]
     return "\n".join(lines)
+
+
+def _n_tasks(n: int) -> str:
+  return f"{n} task" + ("" if n == 1 else "s")
 
 
 def _attempt_record(res, task, run: int, tries: int) -> dict:
@@ -177,21 +230,66 @@ def eval_sampling(cfg: Config) -> SamplingParams:
   return SamplingParams(temperature=e.temperature, top_p=e.top_p, max_new_tokens=e.max_new_tokens)
 
 
-def suite_tasks(cfg: Config, tasks_dir: str, task_names=()):
-  """(tasks, frozen strata) of an evaluation suite: the named tasks, or ``eval.max_tasks`` of them."""
-  from rsi_jax.env import load_tasks
+@dataclasses.dataclass
+class SuiteTasks:
+  """The tasks an evaluation runs, the suite's frozen strata, and every folder it refused (with why)."""
+  tasks: list
+  strata: dict
+  refused: list = dataclasses.field(default_factory=list)  # [{"task", "reason"}]
+  notes: list = dataclasses.field(default_factory=list)
+
+
+def image_presence(pool) -> Callable[[str], bool]:
+  """Whether an image is present on every live Docker endpoint of ``pool`` (answers cached)."""
+  from rsi_jax.env.sandbox import _image_exists
+  clients = [c for c in pool.clients.values() if c is not None]
+  seen: dict[str, bool] = {}
+
+  def present(name: str) -> bool:
+    if name not in seen:
+      seen[name] = bool(clients) and all(_image_exists(c, name) for c in clients)
+    return seen[name]
+  return present
+
+
+def suite_tasks(cfg: Config, tasks_dir: str, task_names=(), *, harness: str | None = None, strict: bool = False,
+                pool=None) -> SuiteTasks:
+  """The suite's tasks: the named ones, or ``eval.max_tasks`` of it; every folder that cannot run is refused
+  with its reason (:func:`rsi_jax.env.tasks.load_suite`; with ``pool``, a base image only a registry has; under
+  the ``oracle`` harness, a task without a reference solution), or with ``strict`` stops the evaluation
+  (:class:`~rsi_jax.env.tasks.TaskError`)."""
+  from rsi_jax.env.harness import HARNESSES
+  from rsi_jax.env.tasks import TaskError, image_check, load_suite
   from rsi_jax.eval.strata import suite_strata
   from rsi_jax.pipeline.driver import pick_tasks
-  everything = load_tasks(tasks_dir)
-  strata = suite_strata(everything, tasks_dir)
-  tasks = load_tasks(tasks_dir, list(task_names)) if task_names else pick_tasks(everything, cfg.eval.max_tasks)
-  return tasks, strata
+  images = image_check(pool.settings.image_map, image_presence(pool)) if pool is not None else None
+  everything = load_suite(tasks_dir, strict=strict and not task_names, images=images)
+  strata = suite_strata(everything.tasks, tasks_dir) if everything.tasks else {}
+  if task_names:
+    suite = load_suite(tasks_dir, list(task_names), strict=strict, images=images)
+    tasks = suite.tasks
+  else:
+    suite, tasks = everything, pick_tasks(everything.tasks, cfg.eval.max_tasks)
+  refused = [r.to_dict() for r in suite.refused]
+  runner = HARNESSES.get(harness or cfg.eval.harness)
+  kept = []
+  for t in tasks:
+    why = runner.refusal(t) if runner is not None else None
+    if why and strict:
+      raise TaskError(f"{t.path}: {why}", why)
+    if why:
+      refused.append({"task": t.name, "reason": why})
+    else:
+      kept.append(t)
+  return SuiteTasks(kept, strata, sorted(refused, key=lambda x: x["task"]), list(suite.notes))
 
 
 def evaluate_policy(cfg: Config, pool, tasks, policy, renderer, *, strata=None, harness: str | None = None,
-                    repeats: int | None = None, info: dict | None = None) -> EvalReport:
+                    repeats: int | None = None, info: dict | None = None, refused=(), notes=()) -> EvalReport:
   """The actor behind ``policy`` (e.g. the training program's sampler) on ``tasks`` under the configured
-  harness and evaluation sampling: the code path of ``python -m rsi_jax.eval`` and in-training evaluation."""
+  harness and evaluation sampling: the code path of ``python -m rsi_jax.eval`` and in-training evaluation.
+  ``refused`` / ``notes``: what loading the suite refused or adjusted, kept with the results (no task left:
+  an empty report that lists them)."""
   from rsi_jax.env import make_harness
   harness = harness or cfg.eval.harness
   sampling = eval_sampling(cfg)
@@ -200,29 +298,39 @@ def evaluate_policy(cfg: Config, pool, tasks, policy, renderer, *, strata=None, 
   else:
     factory = lambda: make_harness(harness, policy, renderer, sampling, env_cfg=cfg.env)  # noqa: E731
   info = {"harness": harness, "sampling": dataclasses.asdict(sampling), **(info or {})}
-  return evaluate(pool, tasks, factory, repeats or cfg.eval.repeats, infra_retries=cfg.eval.infra_retries,
-                  strata=strata, info=info)
+  repeats = repeats or cfg.eval.repeats
+  if tasks:
+    rep = evaluate(pool, tasks, factory, repeats, infra_retries=cfg.eval.infra_retries, strata=strata, info=info)
+  else:
+    rep = EvalReport([], [], np.zeros((0, repeats)), np.zeros((0, repeats)), 0, strata=strata or {}, info=info)
+  rep.refused, rep.notes = list(refused), list(notes)
+  return rep
 
 
 def evaluate_config(cfg: Config, *, harness: str = "json", repeats: int = 3, checkpoint: str = "",
-                    task_names=(), sampling: SamplingParams | None = None, tasks_dir: str = "") -> EvalReport:
+                    task_names=(), sampling: SamplingParams | None = None, tasks_dir: str = "",
+                    strict: bool = False) -> EvalReport:
   """Evaluate the actor (random init, or ``checkpoint``'s actor item) or the oracle on a suite
-  (``tasks_dir``, else ``eval.tasks_dir``, else ``env.tasks_dir``)."""
+  (``tasks_dir``, else ``eval.tasks_dir``, else ``env.tasks_dir``). Folders that cannot run are refused and
+  listed (``strict``: the first one stops it, :class:`~rsi_jax.env.tasks.TaskError`)."""
   from rsi_jax.env import EnvPool
+  from rsi_jax.env.tasks import TaskError
 
   tasks_dir = tasks_dir or cfg.eval.tasks_dir or cfg.env.tasks_dir
+  if not Path(tasks_dir).is_dir():
+    raise TaskError(f"{tasks_dir}: tasks directory does not exist")
   if sampling is not None:
     cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, temperature=sampling.temperature,
                                                             top_p=sampling.top_p,
                                                             max_new_tokens=sampling.max_new_tokens))
-  tasks, strata = suite_tasks(cfg, tasks_dir, task_names)
   pool = EnvPool.from_config(cfg.env, f"eval-{uuid.uuid4().hex[:6]}",
                              hygiene_patterns=cfg.reward.hygiene_patterns)
-  pool.check_base_images(tasks)  # warns, before any build, for each FROM a build cannot satisfy as written
   sampler = renderer = None
   info = {"suite": Path(tasks_dir).name, "tasks_dir": str(tasks_dir), "checkpoint": checkpoint or None}
   try:
-    if harness != "oracle":
+    suite = suite_tasks(cfg, tasks_dir, task_names, harness=harness, strict=strict, pool=pool)
+    pool.check_base_images(suite.tasks)  # warns, before any build, for each family image that is not built
+    if harness != "oracle" and suite.tasks:
       import jax
 
       from rsi_jax.models import Actor, ChatRenderer, build_mesh, load_tokenizer
@@ -234,8 +342,8 @@ def evaluate_config(cfg: Config, *, harness: str = "json", repeats: int = 3, che
       tok = load_tokenizer(cfg.model.tokenizer_path)
       sampler = SamplerServer.from_config(cfg, params, tokenizer=tok)
       renderer = ChatRenderer(tok)
-    return evaluate_policy(cfg, pool, tasks, sampler, renderer, strata=strata, harness=harness, repeats=repeats,
-                           info=info)
+    return evaluate_policy(cfg, pool, suite.tasks, sampler, renderer, strata=suite.strata, harness=harness,
+                           repeats=repeats, info=info, refused=suite.refused, notes=suite.notes)
   finally:
     if sampler is not None:
       sampler.close()

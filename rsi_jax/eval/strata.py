@@ -114,12 +114,20 @@ def stratum_of(strata: Mapping, task: str) -> str:
   return strata.get("strata", {}).get(task, "unstratified")
 
 
-def stratum_scores(per_task: Mapping[str, float], strata: Mapping) -> dict[str, dict]:
-  """Task-weighted scores per stratum: {stratum: {"tasks": n, "score": mean of the tasks' scores}} (a
-  task's score: the mean of its full-pass indicators over its repeats, attempts without a reward as 0)."""
+def stratum_scores(per_task: Mapping[str, float | None], strata: Mapping,
+                   infra: Mapping[str, int] | None = None) -> dict[str, dict]:
+  """Task-weighted scores per stratum: {stratum: {"tasks": n, "scored_tasks": k, "infra_failures": attempts,
+  "score": mean of the scored tasks' scores, in percent}}. A task's score is the mean of its full-pass
+  indicators over its scored repeats (None: every attempt was an infrastructure failure); as in an evaluation's
+  headline such tasks are left out of the score and their infrastructure failures (``infra``: {task: count})
+  counted beside it. A stratum with no scored task has the score None."""
+  infra = infra or {}
   out = {}
   for s in (*STRATA, "unstratified"):
-    xs = [v for t, v in per_task.items() if stratum_of(strata, t) == s]
-    if xs:
-      out[s] = {"tasks": len(xs), "score": float(100.0 * np.mean(xs))}
+    names = [t for t in per_task if stratum_of(strata, t) == s]
+    if names:
+      xs = [per_task[t] for t in names if per_task[t] is not None]
+      out[s] = {"tasks": len(names), "scored_tasks": len(xs),
+                "infra_failures": int(sum(infra.get(t, 0) for t in names)),
+                "score": float(100.0 * np.mean(xs)) if xs else None}
   return out

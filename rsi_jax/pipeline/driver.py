@@ -169,7 +169,6 @@ def run_paths(entry: dict, run_dir: str, absolute: bool) -> dict:
 
 def preflight(cfg: Config, cli_overrides: Sequence[str] = (), num_devices: int | None = None) -> list[PhaseSpec]:
   """Everything that can be checked before a model is built, each failure a one-line PreflightError."""
-  from rsi_jax.env.tasks import TaskError, load_tasks
   from rsi_jax.models.mesh import resolve_parallelism
   from rsi_jax.rl.divisors import divisor_table_from_config
 
@@ -228,11 +227,8 @@ def preflight(cfg: Config, cli_overrides: Sequence[str] = (), num_devices: int |
   check_output_location(run_dir_of(cfg), "run.output_dir")
   if cfg.pipeline.checkpoint_dir:
     check_output_location(checkpoint_root(cfg), "pipeline.checkpoint_dir")
-  for tasks_dir in sorted({s.cfg.env.tasks_dir for s in plan} | {cfg.env.tasks_dir}):
-    try:
-      load_tasks(tasks_dir)
-    except TaskError as e:
-      raise PreflightError(f"env.tasks_dir: {e}") from None
+  for _, c in sorted({(c.env.tasks_dir, c.env.strict_tasks): c for c in [cfg] + [s.cfg for s in plan]}.items()):
+    load_pool(c)
   if cfg.run.resume == "never":
     found = existing_run(cfg)
     if found:
@@ -253,6 +249,23 @@ def check_output_location(path: str, key: str):
     raise PreflightError(f"{key}: {p} is a file, not a folder (for {path})")
   if not os.access(p, os.W_OK | os.X_OK):
     raise PreflightError(f"{key}: {p} is not writable (for {path})")
+
+
+def load_pool(c: Config, images=None) -> tuple[list, list]:
+  """(task pool, refused folders) of a (phase) config: the folders of ``env.tasks_dir`` that load
+  (:func:`rsi_jax.env.tasks.load_suite`; ``images``: the base-image check against the run's Docker endpoints), then
+  ``env.max_tasks`` of them, round-robin over families. ``env.strict_tasks``: the first refused folder stops the
+  run; a suite where nothing loads always does (PreflightError)."""
+  from rsi_jax.env.tasks import TaskError, load_suite
+  try:
+    suite = load_suite(c.env.tasks_dir, strict=c.env.strict_tasks, images=images)
+  except TaskError as e:
+    raise PreflightError(f"env.tasks_dir: {e}") from None
+  if not suite.tasks:
+    first = suite.refused[0]
+    raise PreflightError(f"env.tasks_dir: {c.env.tasks_dir}: no task loaded, all {len(suite.refused)} folder(s) "
+                         f"refused (first: {first.task}: {first.reason})")
+  return pick_tasks(suite.tasks, c.env.max_tasks), suite.refused
 
 
 def pick_tasks(tasks, n: int):
@@ -438,14 +451,22 @@ class Driver:
           f"the config differs from the one this run was trained with ({rd / 'config.yml'}) in "
           f"{'; '.join(self._config_changes)}: resume with the run's own settings, choose another run.name, or "
           f"add run.allow_config_change=true to resume with the change (recorded in lineage.json)")
-    multihost.from_primary(self._check_pools, plan)
-    if primary:
-      rd.mkdir(parents=True, exist_ok=True)
-      self._write_config(rd)
-    self.lineage = multihost.from_primary(read_lineage, self.run_dir)
-    done = {e["phase"]: e for e in self.lineage}
-    self.metrics = MetricLogger(self.run_dir, writes=primary)
-    ctx = self._context(plan)
+    from rsi_jax.env import EnvPool
+    env_pool = EnvPool.from_config(self.cfg.env, f"{self.cfg.run.name}-{uuid.uuid4().hex[:6]}",
+                                   hygiene_patterns=self.cfg.reward.hygiene_patterns)
+    try:
+      pools, refused = self._task_pools(plan, env_pool)  # once: the pool check and the phases see the same pools
+      multihost.from_primary(self._check_pools, plan, pools)
+      if primary:
+        rd.mkdir(parents=True, exist_ok=True)
+        self._write_config(rd)
+      self.lineage = multihost.from_primary(read_lineage, self.run_dir)
+      done = {e["phase"]: e for e in self.lineage}
+      self.metrics = MetricLogger(self.run_dir, writes=primary)
+      ctx = self._context(plan, env_pool, pools, refused)
+    except BaseException:
+      env_pool.close()
+      raise
     mem = {}  # weights of the phase this process just ran: {"entry": ..., "actor": ..., "critic": ...}
     prev = None
     t0 = time.time()
@@ -507,13 +528,17 @@ class Driver:
   def _evaluate_here(self, ctx, phase: str, step: int, digest: str, out):
     from rsi_jax.eval.run import evaluate_policy, suite_tasks
     cfg = self.cfg
-    if ctx.eval_suite is None:
-      ctx.eval_suite = suite_tasks(cfg, cfg.eval.tasks_dir)
-    tasks, strata = ctx.eval_suite
+    if ctx.eval_suite is None:  # refused folders are listed (in summary.json too), never stop the run
+      s = suite_tasks(cfg, cfg.eval.tasks_dir, pool=ctx.pool)
+      ctx.eval_suite = (s.tasks, s.strata, s.refused, s.notes)
+      for r in s.refused:
+        self.console.line(f"warning: evaluation task folder {r['task']} of {cfg.eval.tasks_dir} refused: "
+                          f"{r['reason']}")
+    tasks, strata, refused, notes = ctx.eval_suite
     suite = epath.Path(cfg.eval.tasks_dir).name
     rep = evaluate_policy(cfg, ctx.pool, tasks, ctx.sampler, ctx.renderer, strata=strata,
                           info={"suite": suite, "tasks_dir": cfg.eval.tasks_dir, "phase": phase, "step": step,
-                                "actor_digest": digest})
+                                "actor_digest": digest}, refused=refused, notes=notes)
     out.mkdir(parents=True, exist_ok=True)
     rep.write(out)
     m = rep.metrics()
@@ -549,10 +574,21 @@ class Driver:
     return [f"{k}: {old.get(k, '(unset)')!r} -> {new.get(k, '(unset)')!r}" for k in sorted(old.keys() | new.keys())
             if old.get(k, "(unset)") != new.get(k, "(unset)")]
 
-  def _check_pools(self, plan):
+  def _task_pools(self, plan, env_pool) -> tuple[dict, dict]:
+    """Every phase's task pool, {pool_key: tasks} (a phase may set its own env.tasks_dir / env.max_tasks), and
+    {tasks_dir: refused folders}; base images are checked against ``env_pool``'s Docker endpoints."""
+    from rsi_jax.env.tasks import image_check
+    from rsi_jax.eval.run import image_presence
+    images = image_check(env_pool.settings.image_map, image_presence(env_pool))
+    pools, refused = {}, {}
+    for c in [self.cfg] + [s.cfg for s in plan]:
+      if pool_key(c) not in pools:
+        pools[pool_key(c)], refused[c.env.tasks_dir] = load_pool(c, images)
+    return pools, refused
+
+  def _check_pools(self, plan, pools):
     """A phase with checkpoints resumes on the task pool they were trained on (its rollout cursor and Q_clean
     index that pool's order): a pool that env.tasks_dir / env.max_tasks now give otherwise is refused."""
-    from rsi_jax.env.tasks import load_tasks
     from rsi_jax.models.checkpoint import CheckpointError, read_meta
     for spec in plan:
       d = epath.Path(join(self.ckpt_root, spec.name))
@@ -563,8 +599,7 @@ class Driver:
         meta = read_meta(join(str(d), str(steps[-1]))) or {}
       except CheckpointError:
         continue  # the resume itself refuses it, or falls back to an intact step
-      c = spec.cfg
-      pool = pick_tasks(load_tasks(c.env.tasks_dir), c.env.max_tasks)
+      pool = pools[pool_key(spec.cfg)]
       if meta.get("tasks_digest", tasks_digest(pool)) != tasks_digest(pool):
         raise PreflightError(f"{spec.name}: its checkpoint at step {steps[-1]} was trained on another task pool "
                              f"(digest {meta['tasks_digest']}) than env.tasks_dir / env.max_tasks now give "
@@ -580,19 +615,13 @@ class Driver:
                         f"{'; '.join(self._config_changes)}; the earlier one is kept as config.{n}.yml")
     f.write_text(dump_config(self.cfg))
 
-  def _context(self, plan) -> RunContext:
-    from rsi_jax.env import EnvPool, load_tasks
+  def _context(self, plan, pool, pools, refused) -> RunContext:
     from rsi_jax.models import Actor, ChatRenderer, Critic, build_mesh, load_tokenizer
 
     cfg = self.cfg
     mesh = build_mesh(cfg)
     actor, critic = Actor(cfg, mesh), Critic(cfg, mesh)
     tok = load_tokenizer(cfg.model.tokenizer_path)
-    # every phase's task pool (a phase may set its own env.tasks_dir / env.max_tasks)
-    pools = {}
-    for c in [cfg] + [s.cfg for s in plan]:
-      if pool_key(c) not in pools:
-        pools[pool_key(c)] = pick_tasks(load_tasks(c.env.tasks_dir), c.env.max_tasks)
     tasks = pools[pool_key(cfg)]
     # multi-host: every process must run the same plan on the same task pools (request i -> the same task)
     views = multihost.gather_objects([(config_digest(cfg), {k: [t.name for t in v] for k, v in pools.items()})])
@@ -601,8 +630,9 @@ class Driver:
       raise PreflightError(f"the processes differ in their config or task pool (env.tasks_dir): processes {bad} "
                            f"differ from process 0 (config digests {[v[0] for v in views]}, task counts "
                            f"{[sum(map(len, v[1].values())) for v in views]})")
-    run_id = f"{cfg.run.name}-{uuid.uuid4().hex[:6]}"
-    pool = EnvPool.from_config(cfg.env, run_id, hygiene_patterns=cfg.reward.hygiene_patterns)
+    for tasks_dir, folders in sorted(refused.items()):
+      for r in folders:
+        self.console.line(f"warning: task folder {r.task} of {tasks_dir} refused: {r.reason}")
     every = list({t.name: t for v in pools.values() for t in v}.values())
     for name, lines in sorted(pool.check_base_images(every).items()):
       for line in lines:

@@ -60,8 +60,23 @@ def test_process_reward_and_strict_completions():
 def test_by_stratum():
   s = np.array([[1, 1], [0, 0], [1, 0]], float)
   out = by_stratum(s, ["easy", "hard", "easy"])
-  assert out["easy"] == {"tasks": 2, "mean_at_r": 75.0, "pass_at_r": 100.0}
+  assert out["easy"] == {"tasks": 2, "scored_attempts": 4, "infra_failures": 0, "mean_at_r": 75.0,
+                         "pass_at_r": 100.0, "mean_at_r_with_infra_as_failure": 75.0,
+                         "pass_at_r_with_infra_as_failure": 100.0}
   assert out["hard"]["mean_at_r"] == 0.0
+
+
+def test_by_stratum_leaves_infrastructure_failures_out_as_the_headline_does():
+  """A group's figures follow the headline (scored attempts only), the infrastructure failures counted beside
+  them; a group with nothing scored has no figure (None), not 0."""
+  nan = np.nan
+  s = np.array([[1, nan], [nan, nan], [0, 1], [nan, nan]], float)
+  out = by_stratum(s, ["easy", "hard", "easy", "hard"])
+  assert out["easy"]["mean_at_r"] == pytest.approx(100 * 2 / 3) and out["easy"]["pass_at_r"] == 100.0
+  assert out["easy"]["infra_failures"] == 1 and out["easy"]["scored_attempts"] == 3
+  assert out["easy"]["mean_at_r_with_infra_as_failure"] == 50.0
+  assert out["hard"]["mean_at_r"] is None and out["hard"]["pass_at_r"] is None
+  assert out["hard"]["infra_failures"] == 4 and out["hard"]["mean_at_r_with_infra_as_failure"] == 0.0
 
 
 def test_bad_inputs():

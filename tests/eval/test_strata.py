@@ -62,8 +62,10 @@ def test_strata_are_frozen_with_the_suite(tmp_path):
 
 def test_task_weighted_stratum_scores():
   strata = {"strata": {"a": "Easy", "b": "Easy", "c": "Hard"}}
-  # task a solved in 1 of 2 repeats, b in 2 of 2; c unscored everywhere; d is not in the frozen file
-  out = stratum_scores({"a": 0.5, "b": 1.0, "c": 0.0, "d": 1.0}, strata)
-  assert out == {"Easy": {"tasks": 2, "score": 75.0}, "Hard": {"tasks": 1, "score": 0.0},
-                 "unstratified": {"tasks": 1, "score": 100.0}}
+  # task a solved in 1 of 2 scored repeats, b in 2 of 2; c never scored (2 infrastructure failures); d is not in
+  # the frozen file
+  out = stratum_scores({"a": 0.5, "b": 1.0, "c": None, "d": 1.0}, strata, {"c": 2})
+  assert out == {"Easy": {"tasks": 2, "scored_tasks": 2, "infra_failures": 0, "score": 75.0},
+                 "Hard": {"tasks": 1, "scored_tasks": 0, "infra_failures": 2, "score": None},
+                 "unstratified": {"tasks": 1, "scored_tasks": 1, "infra_failures": 0, "score": 100.0}}
   assert np.isclose(out["Easy"]["score"], 100 * np.mean([0.5, 1.0]))
