@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -427,7 +428,8 @@ def _load_tb1(path: Path, check: _Checks) -> Task | None:
 
 
 def dockerfile_layout(text: str) -> tuple[str, list[tuple[str, str]]]:
-  """WORKDIR (the last one; /app if none) and (source, destination) of every COPY / ADD (shell or JSON form;
+  """WORKDIR (the last one; /app if none) and (source, destination) of every COPY / ADD (shell form, quoted
+  arguments included, or JSON form;
   a relative destination is resolved against the WORKDIR; a destination that holds several sources gets a
   trailing slash). ``--from`` copies (other build stages) are left out."""
   workdir, copies = "/app", []
@@ -442,8 +444,8 @@ def dockerfile_layout(text: str) -> tuple[str, list[tuple[str, str]]]:
       workdir = d if d.startswith("/") else workdir.rstrip("/") + "/" + d
     elif op in ("COPY", "ADD") and "--from" not in rest:
       rest = re.sub(r"^(--\S+\s+)+", "", rest.strip())
-      try:
-        args = json.loads(rest) if rest.startswith("[") else rest.split()
+      try:  # JSON form, or shell form with its quotes read as the shell reads them
+        args = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
       except ValueError:
         args = rest.split()
       args = [str(a) for a in args]

@@ -30,7 +30,6 @@ tampering, ``rsi_jax.env.verifier``).
 from __future__ import annotations
 
 import fnmatch
-import json
 import posixpath
 import re
 import shlex
@@ -180,26 +179,6 @@ def _script_words(task) -> list[list[str]]:
   return [w for w, _ in _script_commands(task)]
 
 
-def _copies(task) -> list[tuple[str, str]]:
-  """The Dockerfile's (source, destination) copies from the build context (quoted shell-form arguments
-  read as the shell reads them)."""
-  text = re.sub(r"\\\n", " ", Path(task.dockerfile).read_text(errors="replace"))
-  lines = []
-  for line in text.splitlines():
-    m = re.match(r"\s*(COPY|ADD)\s+(.*)$", line, re.IGNORECASE)
-    if m and not m.group(2).lstrip().startswith("[") and ('"' in m.group(2) or "'" in m.group(2)):
-      try:
-        words = shlex.split(m.group(2))
-      except ValueError:
-        words = []
-      flags = [w for w in words if w.startswith("--")]
-      args = [w for w in words if not w.startswith("--")]
-      if args:
-        line = f"{m.group(1)} {' '.join(flags)} {json.dumps(args)}"
-    lines.append(line)
-  return dockerfile_layout("\n".join(lines))[1]
-
-
 def container_file(task, path: str) -> Path | None:
   """The host file that will be at container path ``path`` when the tests run: a file of the tests folder
   (``/tests/...``) or one the Dockerfile copies from the build context (the last COPY / ADD that holds it);
@@ -209,7 +188,7 @@ def container_file(task, path: str) -> Path | None:
     return _test_files(task).get(path[len("/tests/"):])
   ctx = Path(task.context_dir)
   root = ctx.resolve()
-  for src, dst in reversed(_copies(task)):
+  for src, dst in reversed(dockerfile_layout(Path(task.dockerfile).read_text(errors="replace"))[1]):
     s = posixpath.normpath(src.lstrip("/"))
     if "://" in src or s.split("/")[0] in task.context_exclude or s.startswith(".."):
       continue

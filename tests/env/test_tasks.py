@@ -206,3 +206,14 @@ def test_configured_map_wins_over_defaults():
   assert new == "FROM other-base\n"
   new, _ = rewrite_dockerfile("FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624\n", m, lambda n: False)
   assert new == "FROM rsi-base-noble\n"
+
+
+def test_quoted_copy_of_private_files_is_hidden_too(tmp_path):
+  """deveval's Dockerfiles quote their COPY arguments (``COPY "tests/" "/app/tests/"``): the files copied are
+  private all the same (hidden from the agent, put back for the verifier)."""
+  d = tmp_path / "tb1-quoted"
+  shutil.copytree(FIXTURES / "tb1-word-sum", d)
+  (d / "Dockerfile").write_text((d / "Dockerfile").read_text() + 'COPY "tests/" "/opt/t/"\n')
+  task = load_task(d)
+  assert task.private_in_image == ("/opt/t/test_outputs.py",)
+  assert task.private_origin["/opt/t/test_outputs.py"] == d / "tests" / "test_outputs.py"
