@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 UNREACHABLE = re.compile(
     r"could not resolve host|temporary failure in name resolution|name or service not known|"
     r"network is unreachable|failed to establish a new connection|getaddrinfo|unknownhostexception|"
-    r"eai_again|enotfound|no route to host|connection timed out|could not connect to|"
+    r"unable to find the server|eai_again|enotfound|no route to host|connection timed out|could not connect to|"
     r"only a registry has|registry_only|dial tcp|i/o timeout|tls handshake timeout|"
     r"proxy ?error|403 forbidden|407 proxy", re.IGNORECASE)
 

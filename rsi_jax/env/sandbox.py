@@ -297,6 +297,11 @@ _LINE_MAX = 240
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 _CAUSE = re.compile(r"(?i:\b(?:error|errors|failed|failure|fatal|could not|couldn't|cannot|can't|unable to|"
                     r"not found|no such|denied|refused|unreachable|timed out|invalid|no matching)\b)|^E: ")
+# A host an earlier step could not reach: that step may still have "succeeded" (``curl ... | sh`` without
+# pipefail) and left the failing step without the tool it fetched.
+_UNREACHED = re.compile(r"(?i:could not resolve host|temporary failure in name resolution|name or service not known|"
+                        r"network is unreachable|unable to find the server|failed to establish a new connection|"
+                        r"getaddrinfo|no route to host)")
 ADDED_CA, ADDED_DEPS = "ca", "deps"  # _own_lines: a line of the build CA's, of the verifier's fetch steps
 
 
@@ -390,6 +395,12 @@ def _build_failure(task: Task, logs: list, error: str, text: str, origin: list) 
   detail = [body[i] for i in keep if body[i] not in {body[j] for j in keep if j > i}]  # a repeat: its last
   if causes:
     detail.append(err)
+  if steps:
+    earlier = [(lines[max(i for i in steps if i < j)], x) for j, x in enumerate(lines[:steps[-1]])
+               if _UNREACHED.search(x) and any(i < j for i in steps)]
+    if earlier:  # the cause may be there, not in the failing step
+      st, x = earlier[-1]
+      detail.append(f"an earlier step could not reach a host: {x.strip()} ({_clip(st, 120)})")
   budget, tail = REASON_MAX_CHARS - len(head), []
   for x in reversed(detail):
     if len(x) + 5 > budget:

@@ -384,3 +384,17 @@ def test_failed_build_says_why(tmp_path, docker_client):
   with pytest.raises(SandboxError) as again:
     build_task_image(docker_client, t, ca_bundle=str(ca))
   assert str(again.value) == msg + " (cached: the same build failed earlier in this run)"
+
+
+@pytest.mark.docker
+def test_failed_build_names_a_host_an_earlier_step_could_not_reach(tmp_path, docker_client):
+  """``curl -sSf URL | sh`` without pipefail "succeeds" offline; the next step fails for want of the tool it
+  fetched (``rustc: not found``). The reason says which host the earlier step could not reach."""
+  from rsi_jax.env.sandbox import BUILD_FAILED, build_task_image
+  t = _harbor(tmp_path, "FROM rsi-base\nRUN curl -sSf http://sh.example.invalid/install | sh\n"
+              "RUN rsi-tool-it-installed --version\n")
+  with pytest.raises(SandboxError) as e:
+    build_task_image(docker_client, t, network="none")
+  msg = str(e.value)
+  assert e.value.kind == BUILD_FAILED and "rsi-tool-it-installed: not found" in msg.splitlines()[0], msg
+  assert "an earlier step could not reach a host: curl: (6) Could not resolve host: sh.example.invalid" in msg, msg
