@@ -220,7 +220,7 @@ def project_logits(h, w, logits_dtype) -> jax.Array:
   return jnp.matmul(h.astype(logits_dtype), w.astype(logits_dtype), preferred_element_type=jnp.float32)
 
 
-def _valid_targets(segment_ids: jax.Array) -> jax.Array:
+def valid_targets(segment_ids: jax.Array) -> jax.Array:
   """(B, T) bool: position t has a prediction from t-1 in the same (non-pad) segment; entry 0 is False."""
   same = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] != 0)
   return jnp.pad(same, ((0, 0), (1, 0)))
@@ -309,12 +309,12 @@ def chunked_token_logprobs(h, w, tokens, segment_ids, chunk: int, project) -> ja
   """log softmax(h[:, t-1] @ w)[tokens[:, t]] for t >= 1, in float32, ``chunk`` positions at a time.
 
   Args: h (B, T, E) final-normed hidden; w (E, V) LM head; tokens, segment_ids (B, T) int.
-  Returns (B, T) float32, 0 where :func:`_valid_targets` is False."""
+  Returns (B, T) float32, 0 where :func:`valid_targets` is False."""
   b, t, _ = h.shape
   if t <= 1:
     return jnp.zeros((b, t), jnp.float32)
   lp = jnp.pad(_rows_logprobs(h[:, :-1], tokens[:, 1:], w, chunk, project), ((0, 0), (1, 0)))
-  return jnp.where(_valid_targets(segment_ids), lp, 0.0)
+  return jnp.where(valid_targets(segment_ids), lp, 0.0)
 
 
 def gathered_token_logprobs(h, w, tokens, segment_ids, index, chunk: int, project) -> jax.Array:
@@ -325,7 +325,7 @@ def gathered_token_logprobs(h, w, tokens, segment_ids, index, chunk: int, projec
   if t <= 1:
     return jnp.zeros((b, t), jnp.float32)
   at = jnp.clip(index, 1, t - 1).astype(jnp.int32)
-  valid = (index >= 1) & jnp.take_along_axis(_valid_targets(segment_ids), at, axis=1)
+  valid = (index >= 1) & jnp.take_along_axis(valid_targets(segment_ids), at, axis=1)
   hs = jnp.take_along_axis(h, (at - 1)[..., None], axis=1)  # (B, K, E): the state that predicts token at
   lp = jnp.where(valid, _rows_logprobs(hs, jnp.take_along_axis(tokens, at, axis=1), w, chunk, project), 0.0)
   return jnp.zeros((b, t), jnp.float32).at[jnp.arange(b)[:, None], at].add(lp)

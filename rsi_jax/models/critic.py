@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rsi_jax.config import Config
-from rsi_jax.models.actor import Backbone, _valid_targets
+from rsi_jax.models.actor import Backbone, valid_targets
 
 HEAD_INIT_SCALE = 0.1  # kernel ~ N(0, (0.1/sqrt(E))^2): initial values ~ N(0, 0.01), small next to rewards
 
@@ -64,7 +64,7 @@ class Critic:
                    precision=jax.lax.Precision.HIGHEST) + head["bias"]
     # v(h_t) uses the state after tokens < t: shift right by one.
     v = jnp.pad(v[:, :-1], ((0, 0), (1, 0)))
-    return jnp.where(_valid_targets(segment_ids), v, 0.0)
+    return jnp.where(valid_targets(segment_ids), v, 0.0)
 
   def values(self, params, tokens, positions, segment_ids) -> jax.Array:
     """(B, T) float32 values of the prefix before each token (0 at segment starts and padding)."""

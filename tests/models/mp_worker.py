@@ -68,7 +68,8 @@ def hf_and_checkpoint_checks(ckpt_dir):
   from rsi_jax.config import load_config
   from rsi_jax.models.actor import Actor
   from rsi_jax.models.checkpoint import restore_params, save_params
-  from rsi_jax.models.hf_import import config_for_hf, hf_logits, load_hf_params
+  from rsi_jax.models.from_hf import hf_logits
+  from rsi_jax.models.hf_import import config_for_hf, load_hf_params
   from rsi_jax.models.mesh import build_mesh
 
   d = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf_qwen3_tied")

@@ -44,7 +44,8 @@ def test_roundtrip_onto_another_mesh(tmp_path):
 def test_hf_folder_to_orbax_checkpoint(tmp_path):
   import os
 
-  from rsi_jax.models.hf_import import convert_hf_checkpoint, hf_to_maxtext_numpy
+  from rsi_jax.models.from_hf import convert_hf_checkpoint
+  from rsi_jax.models.hf_import import hf_to_maxtext_numpy
 
   hf = os.path.join(os.path.dirname(__file__), "fixtures", "hf_qwen3_untied")
   cfg = convert_hf_checkpoint(hf, tmp_path / "ckpt", load_config(None, ["mesh.ici_fsdp_parallelism=-1"]))

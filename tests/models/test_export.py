@@ -12,7 +12,8 @@ import pytest
 from rsi_jax.config import Config, dump_config, with_overrides
 from rsi_jax.models.actor import Actor
 from rsi_jax.models.export import export_hf, main
-from rsi_jax.models.hf_import import config_for_hf, hf_logits, load_hf_params
+from rsi_jax.models.from_hf import hf_logits
+from rsi_jax.models.hf_import import config_for_hf, load_hf_params
 from rsi_jax.models.mesh import build_mesh
 from tests.models.test_hf_parity import ATOL, FIXTURES, NAMES, RTOL, _golden
 

@@ -19,7 +19,8 @@ import pytest
 
 from rsi_jax.config import load_config
 from rsi_jax.models.actor import Actor
-from rsi_jax.models.hf_import import HFImportError, config_for_hf, hf_logits, load_hf_params
+from rsi_jax.models.from_hf import hf_logits
+from rsi_jax.models.hf_import import HFImportError, config_for_hf, load_hf_params
 from rsi_jax.models.mesh import build_mesh
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
