@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging as stdlib_logging
 import sys
 from collections.abc import Iterable
 
@@ -25,10 +26,13 @@ def progress(it: Iterable | None = None, desc: str = "", total: int | None = Non
 class LibraryOutputToFile:
   """Send everything libraries print (Python prints and logging, absl / Orbax INFO, XLA's C++ warnings on
   file descriptors 1 and 2) to ``path``, and keep the terminal for the run's own lines: ``console_out`` /
-  ``console_err`` write to the original stdout / stderr. Restores both descriptors on exit."""
+  ``console_err`` write to the original stdout / stderr. Restores both descriptors on exit. ``own_warnings``:
+  this package's own warnings (loggers ``rsi_jax.*``, WARNING and above) also reach ``console_err``."""
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, own_warnings: bool = False):
     self.path = path
+    self.own_warnings = own_warnings
+    self._handler = None
 
   def __enter__(self):
     import os
@@ -40,10 +44,18 @@ class LibraryOutputToFile:
     self._log = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed in __exit__
     os.dup2(self._log.fileno(), 1)
     os.dup2(self._log.fileno(), 2)
+    if self.own_warnings:
+      self._handler = stdlib_logging.StreamHandler(self.console_err)
+      self._handler.setLevel(stdlib_logging.WARNING)
+      self._handler.setFormatter(stdlib_logging.Formatter("%(levelname)s: %(message)s"))
+      stdlib_logging.getLogger("rsi_jax").addHandler(self._handler)
     return self
 
   def __exit__(self, *exc):
     import os
+    if self._handler is not None:
+      stdlib_logging.getLogger("rsi_jax").removeHandler(self._handler)
+      self._handler = None
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(self._saved[0], 1)

@@ -1,15 +1,17 @@
-"""Training entry point: ``python -m rsi_jax.train --config=configs/smoke.yml key=value ...``.
+"""Training entry point: ``python -m rsi_jax.train [--config=configs/smoke.yml] [--distributed] [key=value ...]``.
 
 Positional ``key=value`` arguments override the config (dotted keys address sections, ``model_name=``
 picks a model file) and win over the phase files. The run walks ``pipeline.phases`` in
 ``<run.output_dir>/<run.name>/`` and resumes what an earlier attempt left there (``run.resume``). The console
-shows one line per phase step; library logging goes to ``<run folder>/train.log``.
+shows one line per phase step; library logging goes to ``<run folder>/train.log``. On the CPU the process gives
+itself the virtual devices the config's mesh needs (unless ``XLA_FLAGS=--xla_force_host_platform_device_count=N``
+sets the count).
 
 Exit status: 0 done (or preempted by SIGTERM after writing a checkpoint), 1 the run stopped (an invariant,
-nothing to train on, an error; the reason is printed), 2 the config or the pre-flight checks failed (also when
-found after start-up: another task pool or config than the run's checkpoints were made with, a checkpoint that
-fails its digests), 130 stopped by
-Ctrl-C (SIGINT: like SIGTERM, the newest state is checkpointed first; a second Ctrl-C stops at once).
+nothing to train on, an error; the reason is printed), 2 a usage error (an unknown flag: one line), the config
+or the pre-flight checks failed (also when found after start-up: another task pool or config than the run's
+checkpoints were made with, a checkpoint that fails its digests), 130 stopped by Ctrl-C (SIGINT: like SIGTERM,
+the newest state is checkpointed first; a second Ctrl-C stops at once).
 """
 
 from __future__ import annotations
@@ -20,20 +22,23 @@ import sys
 import tempfile
 import traceback
 
-from absl import app, flags, logging
+from absl import flags, logging
 
+from rsi_jax import cli
 from rsi_jax.config import dump_config, load_cli_config
 from rsi_jax.log import LibraryOutputToFile, setup_logging
 
-FLAGS = flags.DEFINE_string("config", "configs/smoke.yml", "Run config file (YAML).")
-DISTRIBUTED = flags.DEFINE_bool(
-    "distributed", False, "One process of a multi-host run: jax.distributed.initialize() first (a Cloud TPU "
-    "slice, SLURM or Open MPI finds its peers; elsewhere set RSI_COORDINATOR=host:port, RSI_NUM_PROCESSES, "
-    "RSI_PROCESS_ID, which imply this flag).")
+FLAGS = cli.flag_values()
+_CONFIG = flags.DEFINE_string("config", "configs/smoke.yml", "Run config file (YAML).", flag_values=FLAGS)
+DISTRIBUTED_HELP = ("One process of a multi-host run: jax.distributed.initialize() first (a Cloud TPU slice, SLURM "
+                    "or Open MPI finds its peers; elsewhere set RSI_COORDINATOR=host:port, RSI_NUM_PROCESSES, "
+                    "RSI_PROCESS_ID, which imply this flag).")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, DISTRIBUTED_HELP, flag_values=FLAGS)
 
 
-def main(argv):
-  return run_program(FLAGS.value, argv[1:], distributed=DISTRIBUTED.value)
+def main(argv=None) -> int:
+  overrides = cli.parse(FLAGS, argv, "python -m rsi_jax.train", __doc__)
+  return run_program(_CONFIG.value, overrides, distributed=_DISTRIBUTED.value)
 
 
 def run_program(config_path: str, overrides, after=None, distributed: bool = False) -> int:
@@ -50,9 +55,10 @@ def run_program(config_path: str, overrides, after=None, distributed: bool = Fal
 
 def _run_program(config_path: str, overrides, after, distributed: bool) -> int:
   cfg = load_cli_config(config_path, overrides)
+  distributed = distributed or bool(os.environ.get("RSI_COORDINATOR"))
+  cli.provide_cpu_devices(cfg.mesh, distributed)  # before JAX starts its backends
   # heavy imports only after the config is known to be valid
   from rsi_jax.pipeline import multihost
-  distributed = distributed or bool(os.environ.get("RSI_COORDINATOR"))
   if distributed:
     logging.set_verbosity(logging.WARNING)  # the log file is not open yet: no INFO lines on the console
     multihost.initialize()  # before anything asks JAX for its devices
@@ -167,4 +173,4 @@ class _Quiet:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  sys.exit(main())

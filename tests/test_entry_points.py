@@ -1,4 +1,5 @@
-"""The training entry point validates its config and the machine before building anything."""
+"""The training entry point validates its config and the machine before building anything, and gives a CPU
+backend the devices the mesh asks for."""
 
 import os
 import subprocess
@@ -21,10 +22,21 @@ def test_train_rejects_unknown_key_and_bad_value():
   assert p.returncode == 2 and "does not exist" in p.stderr
 
 
-def test_plain_train_on_one_device_says_why_in_one_line(tmp_path):
-  """`python -m rsi_jax.train` (the smoke config's 2 x 2 mesh) on a process with one CPU device: exit 2 and
-  one line naming the mesh key and the flag that gives more devices, before any model is built."""
-  p = _run(f"run.output_dir={tmp_path}", XLA_FLAGS="", JAX_PLATFORMS="cpu")
+def test_plain_train_gives_itself_the_cpu_devices_its_mesh_needs(tmp_path):
+  """`python -m rsi_jax.train` (the smoke config's 2 x 2 mesh) with no device count set: the process gives its CPU
+  backend the 4 devices, so the pre-flight checks pass the mesh and stop at the next fault given (a missing
+  divisor table: exit 2, one line); on 1 device the mesh check would stop it first."""
+  p = _run(f"run.output_dir={tmp_path}", "reward.divisor_table=/nonexistent.json", XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  assert p.returncode == 2, p.stderr
+  lines = [x for x in p.stderr.splitlines() if x.strip()]
+  assert len(lines) == 1 and lines[0].startswith("cannot start: reward.divisor_table: "), lines
+  assert p.stdout == ""
+
+
+def test_train_on_a_device_count_that_does_not_fit_says_why_in_one_line(tmp_path):
+  """A device count set by hand (XLA_FLAGS) is kept: exit 2 and one line naming the mesh key and the flag that
+  gives more devices, before any model is built."""
+  p = _run(f"run.output_dir={tmp_path}", XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
   assert p.returncode == 2, p.stderr
   lines = [x for x in p.stderr.splitlines() if x.strip()]
   assert len(lines) == 1 and lines[0].startswith("cannot start: mesh.ici_")

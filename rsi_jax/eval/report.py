@@ -1,7 +1,7 @@
 """Stage reports across checkpoints (paper Table 2, Fig. 5, Fig. 10).
 
-    python -m rsi_jax.eval.report --runs=DIR1,DIR2,... [--names=Base,RSR-1,...] [--output=DIR]
-    python -m rsi_jax.eval.report --run_dir=runs/smoke [--output=DIR]
+    python -m rsi_jax.eval.report --runs=DIR1,DIR2,... [--names=Base,RSR-1,...] --output=DIR
+    python -m rsi_jax.eval.report --run_dir=runs/smoke [--output=DIR]   (default: <run>/eval/report)
 
 A stage is an evaluation folder written by ``python -m rsi_jax.eval --output=DIR`` (``summary.json``), or a
 folder of such folders, one per suite. ``--run_dir`` takes a training run's in-training evaluations: the
@@ -10,18 +10,23 @@ last one of each phase (``<run>/eval/<phase>/<step>/``, ``base`` first when it e
 stage and each suite's best stage in bold, the mean over suites, task-weighted scores per frozen difficulty
 stratum (as the headline: infrastructure failures left out and counted beside the score; "n/a (k infra)" where
 nothing was scored), the task folders each evaluation refused with their reasons, and PNG plots of the
-progression (``progression.png``, Fig. 5) and of each stratum (``strata.png``, Fig. 10).
+progression (``progression.png``, Fig. 5) and of each stratum (``strata.png``, Fig. 10). Exit status 0 written,
+2 a usage error (one line, before anything is read: an unknown flag, ``--runs`` without ``--output``, an
+``--output`` that names a file) or a stage that cannot be read.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from absl import flags
 from etils import epath
 
+from rsi_jax import cli
 from rsi_jax.eval.strata import STRATA
 
 SUMMARY = "summary.json"
@@ -224,27 +229,37 @@ def report_run(run_dir: str | Path, out_dir: str | Path | None = None) -> dict:
   return write_report(stages, out_dir or epath.Path(run_dir) / "eval" / "report")
 
 
+PROG = "python -m rsi_jax.eval.report"
+
+
+FLAGS = cli.flag_values()
+flags.DEFINE_list("runs", [], "Stage folders (evaluation outputs), in order.", flag_values=FLAGS)
+flags.DEFINE_list("names", [], "Stage names (default: the folder names).", flag_values=FLAGS)
+flags.DEFINE_string("run_dir", "", "A training run folder: its in-training evaluations.", flag_values=FLAGS)
+flags.DEFINE_string("output", "", "Report folder (required with --runs; with --run_dir default <run>/eval/report).",
+                    flag_values=FLAGS)
+
+
 def main(argv=None) -> int:
-  import argparse
-  import sys
-  ap = argparse.ArgumentParser(prog="python -m rsi_jax.eval.report", description=__doc__.split("\n\n")[0])
-  ap.add_argument("--runs", default="", help="comma-separated stage folders (evaluation outputs), in order")
-  ap.add_argument("--names", default="", help="comma-separated stage names (default: the folder names)")
-  ap.add_argument("--run_dir", default="", help="a training run folder: its in-training evaluations")
-  ap.add_argument("--output", default="", help="report folder (default: ./report, or <run>/eval/report)")
-  a = ap.parse_args(argv)
+  cli.no_positional(PROG, cli.parse(FLAGS, argv, PROG, __doc__, overrides=False))
+  runs, names, run_dir = FLAGS.runs, FLAGS.names, FLAGS.run_dir
   try:
-    if a.run_dir:
-      rep = report_run(a.run_dir, a.output or None)
-      out = Path(a.output or Path(a.run_dir) / "eval" / "report")
+    if bool(run_dir) == bool(runs):
+      raise cli.UsageError("give --runs=DIR1,DIR2,... (with --output=DIR) or --run_dir=RUN")
+    if runs and not FLAGS.output:
+      raise cli.UsageError("--output: required with --runs (the report folder)")
+    if names and len(names) != len(runs):
+      raise cli.UsageError(f"--names gives {len(names)} names for {len(runs)} runs")
+    cli.check_output_folder(FLAGS.output, "output")
+  except cli.UsageError as e:
+    cli.fail(PROG, str(e))
+  try:
+    if run_dir:
+      rep = report_run(run_dir, FLAGS.output or None)
+      out = epath.Path(FLAGS.output or epath.Path(run_dir) / "eval" / "report")
     else:
-      runs = [r for r in a.runs.split(",") if r]
-      if not runs:
-        ap.error("give --runs=DIR1,DIR2,... or --run_dir=RUN")
-      names = [n for n in a.names.split(",") if n] or [Path(r).name for r in runs]
-      if len(names) != len(runs):
-        ap.error(f"--names gives {len(names)} names for {len(runs)} runs")
-      out = Path(a.output or "report")
+      names = names or [Path(r).name for r in runs]
+      out = epath.Path(FLAGS.output)
       rep = write_report([(n, load_stage(r)) for n, r in zip(names, runs)], out)
   except (FileNotFoundError, ValueError) as e:
     print(f"cannot report: {e}", file=sys.stderr)

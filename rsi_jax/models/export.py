@@ -6,19 +6,20 @@ leaf becomes exactly one HF tensor per layer, transposed back for the linear ker
 Tensors keep the dtype they were trained in. ``config.json`` is written by transformers' own
 ``Qwen3Config`` (no torch needed). An HF folder imported and exported again gives bitwise the same tensors.
 
-  python -m rsi_jax.models.export --checkpoint=DIR --out=HF_DIR [--maxtext-out=DIR] [--config=FILE] [key=value ...]
+  python -m rsi_jax.models.export --checkpoint=DIR --out=HF_DIR [--maxtext_out=DIR] [--config=FILE] [key=value ...]
 
-``--maxtext-out`` also writes the weights as a MaxText parameter checkpoint (MaxText's own
+``--maxtext_out`` also writes the weights as a MaxText parameter checkpoint (MaxText's own
 ``save_params_to_path``), which MaxText's ``load_parameters_path`` reads (e.g. to decode with MaxText).
 
 ``DIR`` is a checkpoint (``runs/<run>/checkpoints/<phase>/<step>``) or a phase folder (its newest step);
-``--config`` defaults to the run's own ``config.yml`` found above the checkpoint. Exit status 2, with one
-line, for a checkpoint that does not restore as written (corrupted, unreadable, of another model size).
+``--config`` defaults to the run's own ``config.yml`` found above the checkpoint. On the CPU the process gives
+itself the virtual devices the config's mesh needs (unless ``XLA_FLAGS`` sets the count). Exit status 0
+written, 2 (one line) for a usage or config error (before anything is read) or a checkpoint that does not
+restore as written (corrupted, unreadable, of another model size).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -26,7 +27,9 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from absl import flags
 
+from rsi_jax import cli
 from rsi_jax.config import Config
 from rsi_jax.models.hf_import import _LAYER_MAP, _TOP_MAP, _path_names
 
@@ -109,32 +112,46 @@ def _run_config(checkpoint: str) -> str:
   raise FileNotFoundError(f"no config.yml above {checkpoint}: pass --config=FILE (the run's config)")
 
 
-def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--checkpoint", required=True, help="checkpoint (or phase folder) holding the item 'actor'")
-  ap.add_argument("--out", default="", help="HF folder to write")
-  ap.add_argument("--maxtext-out", default="", help="MaxText parameter checkpoint to write (load_parameters_path)")
-  ap.add_argument("--config", default="", help="the run's config (default: config.yml above the checkpoint)")
-  args, overrides = ap.parse_known_args(argv)
-  if not (args.out or args.maxtext_out):
-    ap.error("give --out (HF folder) and/or --maxtext-out (MaxText checkpoint)")
-  from rsi_jax.config import load_config
+PROG = "python -m rsi_jax.models.export"
+FLAGS = cli.flag_values()
+flags.DEFINE_string("checkpoint", "", "Checkpoint (or phase folder) holding the item 'actor' (required).",
+                    flag_values=FLAGS)
+flags.DEFINE_string("out", "", "HF folder to write.", flag_values=FLAGS)
+flags.DEFINE_string("maxtext_out", "", "MaxText parameter checkpoint to write (load_parameters_path).",
+                    flag_values=FLAGS)
+flags.DEFINE_string("config", "", "The run's config (default: config.yml above the checkpoint).", flag_values=FLAGS)
+
+
+def main(argv=None) -> int:
+  overrides = cli.parse(FLAGS, argv, PROG, __doc__)
+  from rsi_jax.config import ConfigError, load_config
+  try:
+    if not FLAGS.checkpoint:
+      raise cli.UsageError("--checkpoint: required (a checkpoint or phase folder)")
+    if not (FLAGS.out or FLAGS.maxtext_out):
+      raise cli.UsageError("give --out (HF folder) and/or --maxtext_out (MaxText checkpoint)")
+    cli.check_output_folder(FLAGS.out, "out")
+    cli.check_output_folder(FLAGS.maxtext_out, "maxtext_out")
+    cfg = load_config(FLAGS.config or _run_config(FLAGS.checkpoint), overrides)
+  except (cli.UsageError, ConfigError, FileNotFoundError) as e:
+    cli.fail(PROG, str(e))
+  cli.provide_cpu_devices(cfg.mesh)  # before JAX starts its backends
   from rsi_jax.models.actor import Actor
   from rsi_jax.models.checkpoint import CheckpointError, restore_params
   from rsi_jax.models.mesh import build_mesh
-  cfg = load_config(args.config or _run_config(args.checkpoint), overrides)
   actor = Actor(cfg, build_mesh(cfg))
   try:
-    params = restore_params(args.checkpoint, actor=actor.abstract_params)["actor"]
+    params = restore_params(FLAGS.checkpoint, actor=actor.abstract_params)["actor"]
   except CheckpointError as e:  # corrupted, unreadable or of another model: one line, nothing written
     print(f"cannot load checkpoint: {e}", file=sys.stderr)
     return 2
-  if args.out:
-    out = export_hf(params, cfg, args.out, int(getattr(actor.maxtext_config, "param_scan_axis", 1)))
+  if FLAGS.out:
+    out = export_hf(params, cfg, FLAGS.out, int(getattr(actor.maxtext_config, "param_scan_axis", 1)))
     print(f"wrote {out}: {len(os.listdir(out))} files ({cfg.model.name}, "
           f"{'tied' if cfg.model.logits_via_embedding else 'untied'} head)")
-  if args.maxtext_out:
-    print(f"wrote {export_maxtext(params, args.maxtext_out)} (MaxText load_parameters_path)")
+  if FLAGS.maxtext_out:
+    print(f"wrote {export_maxtext(params, FLAGS.maxtext_out)} (MaxText load_parameters_path)")
+  return 0
 
 
 if __name__ == "__main__":

@@ -8,20 +8,21 @@ paper's numbers on its 4,352 trajectories: failed share 50.09% (FDR) -> 28.72% (
 
 Usage::
 
-    python -m rsi_jax.rl.rescore TRAJECTORIES.jsonl \\
-        --reward FDR=fdr:configs/rewards/fallback-82.json --reward SPR=spr:spr_table.json \\
-        [--json stats.json] [--plot per_family.png]
+    python -m rsi_jax.rl.rescore --trajectories=TRAJECTORIES.jsonl \\
+        --reward=FDR=fdr:configs/rewards/fallback-82.json --reward=SPR=spr:spr_table.json \\
+        [--json=stats.json] [--plot=per_family.png]
 
 ``--reward`` is ``[LABEL=]KIND[:TABLE]`` with KIND ``fdr`` or ``spr`` and TABLE a divisor table file
-(omitted: every family uses ``--fallback-divisor``, 82). Without ``--reward``: FDR and SPR, fallback only.
+(omitted: every family uses ``--fallback_divisor``, 82). Without ``--reward``: FDR and SPR, fallback only.
 The table format is described in :mod:`rsi_jax.rl.outcome_table`; ``--plot`` draws per-family mean reward
-as grouped bars (with Pillow, already a dependency; no matplotlib needed).
+as grouped bars (with Pillow, already a dependency; no matplotlib needed). Exit status 0 done, 2 a usage error
+or a table that cannot be read (one line).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -177,20 +178,38 @@ def plot_per_family(stats: Sequence[RescoreStats], path: str) -> None:
 # ------------------------------------------------------------------------------------------------------ cli
 
 
+PROG = "python -m rsi_jax.rl.rescore"
+@functools.cache
+def flag_values():
+  """The command line's flags (absl, imported here: the core needs no absl)."""
+  from absl import flags
+
+  from rsi_jax import cli
+  fv = cli.flag_values()
+  flags.DEFINE_string("trajectories", "", "Trajectory table: .jsonl / .json / .csv (family, passed, total, "
+                      "success, valid[, turns, state]; required).", flag_values=fv)
+  flags.DEFINE_multi_string("reward", [], "A reward configuration [LABEL=]KIND[:TABLE] (repeatable; default: "
+                            "fdr and spr with the fallback divisor).", flag_values=fv)
+  flags.DEFINE_float("fallback_divisor", DEFAULT_FALLBACK_DIVISOR, "Divisor for configurations given without a "
+                     "table.", flag_values=fv)
+  flags.DEFINE_string("json", None, "Also write the statistics as JSON to this path ('-': stdout).",
+                      flag_values=fv)
+  flags.DEFINE_string("plot", None, "Bar plot (PNG) of per-family mean reward.", flag_values=fv)
+  return fv
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-  ap = argparse.ArgumentParser(prog="python -m rsi_jax.rl.rescore", description=__doc__.split("\n")[0])
-  ap.add_argument("trajectories", help="trajectory table: .jsonl / .json / .csv "
-                  "(family, passed, total, success, valid[, turns, state])")
-  ap.add_argument("--reward", action="append", default=[], metavar="[LABEL=]KIND[:TABLE]",
-                  help="a reward configuration (repeatable); default: fdr and spr with the fallback divisor")
-  ap.add_argument("--fallback-divisor", type=float, default=DEFAULT_FALLBACK_DIVISOR,
-                  help="divisor for configurations given without a table (default 82)")
-  ap.add_argument("--json", default=None, metavar="PATH", help="also write the statistics as JSON ('-': stdout)")
-  ap.add_argument("--plot", default=None, metavar="PNG", help="bar plot of per-family mean reward")
-  args = ap.parse_args(argv)
+  from rsi_jax import cli
+  FLAGS = flag_values()  # noqa: N806
+  rest = cli.parse(FLAGS, argv, PROG, __doc__, overrides=False)
+  if rest and not FLAGS.trajectories:  # the old spelling: the table as the first argument
+    cli.fail(PROG, f"give the trajectory table as --trajectories={rest[0]}")
+  cli.no_positional(PROG, rest)
+  if not FLAGS.trajectories:
+    cli.fail(PROG, "--trajectories: required (the trajectory table)")
   try:
-    specs = [RewardSpec.parse(x, args.fallback_divisor) for x in (args.reward or ["fdr", "spr"])]
-    table = read_outcome_table(args.trajectories)
+    specs = [RewardSpec.parse(x, FLAGS.fallback_divisor) for x in (FLAGS.reward or ["fdr", "spr"])]
+    table = read_outcome_table(FLAGS.trajectories)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -199,16 +218,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
   stats = [rescore(table, s) for s in specs]
   print(format_report(stats))
-  if args.json:
+  if FLAGS.json:
     blob = json.dumps([s.to_dict() for s in stats], indent=2)
-    if args.json == "-":
+    if FLAGS.json == "-":
       print(blob)
     else:
-      with open(args.json, "w") as f:
+      with open(FLAGS.json, "w") as f:
         f.write(blob + "\n")
-  if args.plot:
-    plot_per_family(stats, args.plot)
-    print(f"wrote {args.plot}")
+  if FLAGS.plot:
+    plot_per_family(stats, FLAGS.plot)
+    print(f"wrote {FLAGS.plot}")
   return 0
 
 

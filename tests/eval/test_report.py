@@ -86,6 +86,7 @@ def test_cli_and_training_run_layout(tmp_path):
                      text=True, timeout=120)
   assert p.returncode == 0, p.stderr
   assert "| tasks | 0.00 | **75.00 (+75.00)** |" in p.stdout
-  bad = subprocess.run([sys.executable, "-m", "rsi_jax.eval.report", f"--runs={tmp_path}/none"], cwd=REPO_ROOT,
+  bad = subprocess.run([sys.executable, "-m", "rsi_jax.eval.report", f"--runs={tmp_path}/none",
+                        f"--output={tmp_path}/r2"], cwd=REPO_ROOT,
                        capture_output=True, text=True, timeout=120)
   assert bad.returncode == 2 and "no summary.json" in bad.stderr

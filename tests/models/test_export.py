@@ -74,7 +74,7 @@ def test_command_line_exports_a_run_checkpoint(tmp_path):
   (run / "config.yml").write_text(dump_config(cfg))
   save_params(str(run / "checkpoints" / "rpr1" / "3"), actor=params)
   main([f"--checkpoint={run / 'checkpoints' / 'rpr1'}", f"--out={tmp_path / 'hf'}",
-        f"--maxtext-out={tmp_path / 'mt'}"])
+        f"--maxtext_out={tmp_path / 'mt'}"])
   _same_folder(tmp_path / "hf", "hf_qwen3_untied")
   # MaxText's own parameter loading (what load_parameters_path runs) reads the same weights back
   from maxtext.common import checkpointing

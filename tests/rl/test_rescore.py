@@ -116,7 +116,8 @@ def test_cli_prints_and_writes_json_and_plot(tmp_path, capsys):
   FDR_TABLE.save(tmp_path / "fdr.json")
   SPR_TABLE.save(tmp_path / "spr.json")
   out_json, out_png = tmp_path / "stats.json", tmp_path / "fam.png"
-  rc = main([str(traj), "--reward", f"FDR=fdr:{tmp_path / 'fdr.json'}", "--reward", f"SPR=spr:{tmp_path / 'spr.json'}",
+  rc = main([f"--trajectories={traj}", "--reward", f"FDR=fdr:{tmp_path / 'fdr.json'}",
+             "--reward", f"SPR=spr:{tmp_path / 'spr.json'}",
              "--reward", "spr", "--json", str(out_json), "--plot", str(out_png)])
   assert rc == 0
   text = capsys.readouterr().out
@@ -138,15 +139,15 @@ def test_cli_prints_and_writes_json_and_plot(tmp_path, capsys):
 
 def test_cli_defaults_and_errors(tmp_path, capsys):
   traj = write_table(tmp_path, "csv")
-  assert main([str(traj), "--json", "-"]) == 0
+  assert main([f"--trajectories={traj}", "--json", "-"]) == 0
   out = capsys.readouterr().out
   blob = json.loads(out[out.index("[\n"):])
   assert [b["kind"] for b in blob] == ["fdr", "spr"]
-  assert main([str(traj), "--reward", "binary"]) == 2
-  assert main([str(traj), "--reward", f"fdr:{tmp_path / 'missing.json'}"]) == 2
+  assert main([f"--trajectories={traj}", "--reward", "binary"]) == 2
+  assert main([f"--trajectories={traj}", "--reward", f"fdr:{tmp_path / 'missing.json'}"]) == 2
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"family": "a", "passed": 5, "total": 3, "success": 0, "valid": true}\n')
-  assert main([str(bad)]) == 2
+  assert main([f"--trajectories={bad}"]) == 2
   assert "passed (5) > total (3)" in capsys.readouterr().err
 
 

@@ -333,10 +333,10 @@ def test_calibrate_cli(tmp_path, capsys):
                         "--out", str(tmp_path / "spr.json"), "reward.long_low_reward_factor=0.5"]) == 0
   spr = load_divisor_table(tmp_path / "spr.json")
   assert spr.divisor("longlow") == 5.0 and spr.settings["long_low_reward_factor"] == 0.5
-  assert calibrate_main(["show", str(tmp_path / "spr.json")]) == 0
+  assert calibrate_main(["show", f"--table={tmp_path / 'spr.json'}"]) == 0
   out = capsys.readouterr().out
   assert "failure_suppression" in out and "longlow" in out
-  assert calibrate_main(["show", str(tmp_path / "missing.json")]) == 2
+  assert calibrate_main(["show", f"--table={tmp_path / 'missing.json'}"]) == 2
   assert calibrate_main(["spr", "--table", str(tmp_path / "old.json"), "--trajectories", str(traj),
                          "--out", str(tmp_path / "x.json"), "reward.suppression_factor=0"]) == 2
 
