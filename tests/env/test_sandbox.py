@@ -9,8 +9,10 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 
 import docker.errors
+
 import pytest
 
 from rsi_jax.env.sandbox import (CONTAINER_DIED, CREATE_FAILED, LABEL_EPISODE, LABEL_HOST, LABEL_PID,
@@ -391,7 +393,8 @@ def test_failed_build_names_a_host_an_earlier_step_could_not_reach(tmp_path, doc
   """``curl -sSf URL | sh`` without pipefail "succeeds" offline; the next step fails for want of the tool it
   fetched (``rustc: not found``). The reason says which host the earlier step could not reach."""
   from rsi_jax.env.sandbox import BUILD_FAILED, build_task_image
-  t = _harbor(tmp_path, "FROM rsi-base\nRUN curl -sSf http://sh.example.invalid/install | sh\n"
+  nonce = uuid.uuid4().hex  # a step Docker's build cache has not seen (a cached step shows no output)
+  t = _harbor(tmp_path, f"FROM rsi-base\nRUN echo {nonce} && curl -sSf http://sh.example.invalid/install | sh\n"
               "RUN rsi-tool-it-installed --version\n")
   with pytest.raises(SandboxError) as e:
     build_task_image(docker_client, t, network="none")
