@@ -182,8 +182,13 @@ class RLConfig:
   # spread samples over the data shards by token count (longest first to the least loaded shard) and pack
   # rows first-fit decreasing; false: contiguous blocks of samples in order (paper: RPR-2 balances)
   dynamic_balancing: bool = False
+  # TB-GAE's recurrence (rsi_jax/rl/advantages.py): scan (sequential lax.scan), associative
+  # (lax.associative_scan, log depth) or auto (associative on accelerators, scan on CPU); same results
+  gae_impl: str = "auto"
 
   def validate(self, p):
+    _check(self.gae_impl in ("scan", "associative", "auto"), f"{p}.gae_impl",
+           f"must be 'scan', 'associative' or 'auto', got {self.gae_impl!r}")
     for k in ("minibatches", "ppo_epochs"):
       _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
     for k in ("gamma_turn", "lambda_turn"):

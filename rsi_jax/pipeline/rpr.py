@@ -5,8 +5,8 @@ One rollout step's batch goes through:
 1. ``prepare`` (no gradients): π_old log-probs recomputed by the *training-side* actor (not the sampler's;
    those are kept to report the training–inference mismatch) and the old critic values v, on packed passes
    (:mod:`rsi_jax.rl.packing`), then TB-GAE advantages / returns over the retained (generated) tokens in the
-   sample layout, with segments of one rollout linked by the TB-GAE carry (Eq. 12) so summarization
-   boundaries are not terminal.
+   sample layout, each rollout one recursion over its linked segments (Eq. 12) so summarization boundaries
+   are not terminal (``rl.gae_impl``: sequential or associative scan).
 2. ``rl.ppo_epochs`` x ``rl.minibatches`` updates, each a ``critic_step`` (the first ``critic_only_steps``
    rollout steps of a phase: actor frozen) or a ``joint_step`` (PPO policy loss, Eq. 14 with ε_ℓ=0.30 /
    ε_h=5.00, plus the max-form clipped value loss with ε_V=4.00), each role with its own AdamW chain
@@ -28,7 +28,8 @@ from rsi_jax.models.actor import target_index
 from rsi_jax.models.mesh import batch_shards, batch_sharding
 from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, make_train_step
 from rsi_jax.pipeline.multihost import global_array
-from rsi_jax.rl.advantages import TBGAECarry, TBGAEResult, tb_gae
+from rsi_jax.rl.advantages import (ChainedResult, chain_predecessors, chained_tb_gae, clock_flags,
+                                   gae_impl)
 from rsi_jax.rl.batch import TrajectoryBatch
 from rsi_jax.rl.losses import ppo_policy_loss, value_loss
 from rsi_jax.rl.metrics import combine_pass_metrics, explained_variance, masked_token_mean
@@ -38,40 +39,28 @@ from rsi_jax.rl.packing import PassIndex, PassPlan, pass_index, plan_passes, tak
 _SAMPLE_FIELDS = ("gen_mask", "turn_ids", "rewards", "dones", "next_row")
 
 
-def linked_tb_gae(values, batch: dict, gamma_turn: float, lambda_turn: float, links: int) -> TBGAEResult:
-  """TB-GAE where row i continues into row ``next_row[i]`` (the next segment of the same rollout).
-
-  Each pass hands every row the carry of its continuation's first generated token; ``links`` passes resolve
-  chains of up to ``links + 1`` segments exactly (the chunk-continuation identity, Eq. 12)."""
-  gen = batch["gen_mask"]
-  res = tb_gae(values, batch["rewards"], batch["turn_ids"], gen, batch["dones"], gamma_turn, lambda_turn)
-  nxt = batch["next_row"]
-  has_next = nxt >= 0
-  nxt_c = jnp.where(has_next, nxt, 0)
-  next_gen = gen[nxt_c].sum(-1) > 0
-  first = jnp.argmax(gen > 0, axis=1)  # first generated position of each row
-  take = lambda a: a[nxt_c, first[nxt_c]]
-  # a continuation without generated tokens (its first call was rejected) passes its own carry through
-  inherit = has_next & ~next_gen
-  carry = None
-  for _ in range(links):
-    own = TBGAECarry(value=take(values).astype(jnp.float32), advantage=take(res.advantages),
-                     turn_id=take(batch["turn_ids"]).astype(jnp.int32), present=has_next & next_gen)
-    if carry is not None:
-      own = jax.tree.map(lambda o, c: jnp.where(inherit, c[nxt_c], o), own, carry)
-    carry = own
-    res = tb_gae(values, batch["rewards"], batch["turn_ids"], gen, batch["dones"], gamma_turn, lambda_turn,
-                 carry=carry)
-  return res
+def linked_tb_gae(values, batch: dict, gamma_turn: float, lambda_turn: float, links: int | None = None,
+                  impl: str = "scan") -> ChainedResult:
+  """TB-GAE where row i continues into row ``next_row[i]`` (the next segment of the same rollout): each
+  episode is one recursion over its segments' generated tokens, in one pass whatever the number of segments
+  (:func:`rsi_jax.rl.advantages.chained_tb_gae`, with the turn clock ``batch["clock"]`` that
+  :func:`to_device_batch` settles on the host). ``links``: None = whole episodes, k = at most k following
+  segments (0 = every segment cut at its end). ``impl``: ``scan`` or ``associative`` (``rl.gae_impl``)."""
+  return chained_tb_gae(values, batch["rewards"], batch["clock"], batch["next_row"], gamma_turn, lambda_turn,
+                        links=links, impl=impl)
 
 
 def to_device_batch(batch: TrajectoryBatch, mesh=None) -> dict:
   """The sample-layout arrays TB-GAE reads (:func:`linked_tb_gae`), on the device (``mesh``: replicated over
-  it; under multi-host every process holds the same batch and places its own devices' copies)."""
+  it; under multi-host every process holds the same batch and places its own devices' copies): the batch's
+  fields and ``clock``, the turn clock of the linked segments (:func:`rsi_jax.rl.advantages.clock_flags`,
+  computed here on the host; a malformed ``next_row`` raises ValueError)."""
+  host = {k: getattr(batch, k) for k in _SAMPLE_FIELDS}
+  host["clock"] = clock_flags(batch.gen_mask, batch.turn_ids, batch.dones, batch.next_row)
   if mesh is None:
-    return {k: jnp.asarray(getattr(batch, k)) for k in _SAMPLE_FIELDS}
+    return {k: jnp.asarray(v) for k, v in host.items()}
   rep = NamedSharding(mesh, PartitionSpec())
-  return {k: global_array(getattr(batch, k), rep) for k in _SAMPLE_FIELDS}
+  return {k: global_array(v, rep) for k, v in host.items()}
 
 
 def learner_passes(cfg: Config, mesh, lengths, samples, pad_multiple: int | None = None):
@@ -116,9 +105,10 @@ def sft_passes(cfg: Config, mesh, batch: TrajectoryBatch) -> tuple[PassPlan, lis
 
 
 def chain_links(batch: TrajectoryBatch) -> int:
-  """Longest chain of continued segments minus one (static: the number of carry passes to compile)."""
+  """Longest chain of continued segments minus one (a batch statistic; :func:`linked_tb_gae` needs no bound).
+  A malformed ``next_row`` (a cycle, a row continued twice, a link outside the batch) raises ValueError."""
   depth = 0
-  for i in range(len(batch.next_row)):
+  for i in np.flatnonzero(chain_predecessors(batch.next_row) < 0):  # each episode from its first segment
     d, j = 0, int(batch.next_row[i])
     while j >= 0:
       d, j = d + 1, int(batch.next_row[j])
@@ -153,16 +143,18 @@ class RPRTrainer:
 
     self._forward = jax.jit(forward, out_shardings=(batch_sharding(mesh), batch_sharding(mesh)))
 
-    def targets(old_logp, old_values, scatter, batch, links):
+    impl = gae_impl(rl.gae_impl)
+
+    def targets(old_logp, old_values, scatter, batch):
       # the passes' per-token outputs back in the sample layout, where TB-GAE links segments
       old_logp, old_values = take(old_logp, scatter), take(old_values, scatter)
-      res = linked_tb_gae(old_values, batch, rl.gamma_turn, rl.lambda_turn, links)
+      res = linked_tb_gae(old_values, batch, rl.gamma_turn, rl.lambda_turn, impl=impl)
       # the critic's fit before this step's updates (explained variance of the values TB-GAE used)
       ev = explained_variance(old_values, res.returns, batch["gen_mask"])
       return {"old_logp": old_logp, "old_values": old_values, "advantages": res.advantages,
               "returns": res.returns, "explained_variance": ev}
 
-    self._targets = jax.jit(targets, static_argnums=4, out_shardings=rep)
+    self._targets = jax.jit(targets, out_shardings=rep)
 
     def value_part(critic_params, batch):
       v = values_fn(critic_params, batch["tokens"], batch["positions"], batch["segment_ids"])
@@ -218,7 +210,7 @@ class RPRTrainer:
             for p in range(plan.passes)]
     logp, values = jnp.stack([o[0] for o in outs]), jnp.stack([o[1] for o in outs])
     scatter = global_array(index.scatter, NamedSharding(mesh, PartitionSpec()))
-    out = jax.device_get(self._targets(logp, values, scatter, to_device_batch(batch, mesh), chain_links(batch)))
+    out = jax.device_get(self._targets(logp, values, scatter, to_device_batch(batch, mesh)))
     return {**out, "trainable": trainable, **plan.stats()}
 
   def step(self, state: TrainState, batch: TrajectoryBatch, train_actor: bool, version: int | None = None):
