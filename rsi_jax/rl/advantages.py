@@ -222,19 +222,33 @@ def clock_flags(gen_mask, turn_ids, dones, next_row) -> np.ndarray:
   prev = chain_predecessors(next_row)
   if prev.shape[0] != b:
     raise ValueError(f"next_row has {prev.shape[0]} rows, gen_mask {b}")
+  turn = np.asarray(turn_ids)
   flags = m.astype(np.uint8) * NODE | (m & (np.asarray(dones) > 0)).astype(np.uint8) * DONE
-  at = np.flatnonzero(m)  # every node, row by row, in order
-  turn = np.asarray(turn_ids).reshape(-1).take(at)
-  new = np.zeros(at.shape, bool)
-  new[1:] = turn[1:] != turn[:-1]  # row-internal predecessors; each row's first node is set below
-  first = np.searchsorted(at, np.arange(b + 1) * t)  # row i's nodes: at[first[i]:first[i + 1]]
-  count = np.diff(first)
-  for i in np.flatnonzero(count):
-    q = prev[i]
-    while q >= 0 and count[q] == 0:  # a segment without nodes passes its predecessor through
+  # a node right after a node: compare neighbours
+  flags[:, 1:] |= (m[:, 1:] & m[:, :-1] & (turn[:, 1:] != turn[:, :-1])).astype(np.uint8) * NEW_TURN
+  # a node after a gap (observations, the row start): its predecessor ends the previous run of nodes
+  start, end = m.copy(), m.copy()
+  start[:, 1:] &= ~m[:, :-1]
+  end[:, :-1] &= ~m[:, 1:]
+  start, end = np.flatnonzero(start), np.flatnonzero(end)  # run k of the batch: nodes start[k]..end[k]
+  if not len(start):
+    return flags
+  row = start // t
+  first = np.ones(len(start), bool)  # the row's first run
+  first[1:] = row[1:] != row[:-1]
+  turn = turn.reshape(-1)
+  pred = np.full(len(start), -1, np.int64)  # flat position of each run's predecessor node, -1 = none
+  pred[1:] = np.where(first[1:], -1, end[:-1])
+  last = np.full(b, -1, np.int64)  # each row's last node
+  final = np.r_[first[1:], True]  # the row's last run
+  last[row[final]] = end[final]
+  for k in np.flatnonzero(first):  # a row's first node continues the episode's previous segment with nodes
+    q = prev[row[k]]
+    while q >= 0 and last[q] < 0:  # a segment without nodes passes its predecessor through
       q = prev[q]
-    new[first[i]] = q >= 0 and turn[first[i]] != turn[first[q + 1] - 1]
-  flags.reshape(-1)[at[new]] |= NEW_TURN
+    pred[k] = last[q] if q >= 0 else -1
+  new = (pred >= 0) & (turn.take(start) != turn.take(np.maximum(pred, 0)))
+  flags.reshape(-1)[start[new]] |= NEW_TURN
   return flags
 
 

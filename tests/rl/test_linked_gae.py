@@ -251,6 +251,23 @@ def test_clock_flags_across_links_and_empty_segments():
                    [NODE | DONE, NODE, 0, NODE | NEW_TURN],  # dones and turn ids off the nodes are not read
                    [0, NODE, 0, NODE]])  # turn 1 then turn 1 across an observation
   np.testing.assert_array_equal(flags, want)
+  z = np.zeros((2, 3))
+  assert not clock_flags(z, z, z, np.array([1, -1])).any()  # no generated token at all
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_clock_flags_equal_a_walk_over_each_episode(seed):
+  batch, _, chains = linked_batch(seed)
+  want = np.zeros(batch.gen_mask.shape, np.uint8)
+  for chain in chains:
+    before = None  # the turn id of the previous node of the episode
+    for b in chain:
+      for j in np.flatnonzero(batch.gen_mask[b] > 0):
+        t = batch.turn_ids[b, j]
+        want[b, j] = NODE | (DONE if batch.dones[b, j] > 0 else 0) | (NEW_TURN if before not in (None, t) else 0)
+        before = t
+  np.testing.assert_array_equal(clock_flags(batch.gen_mask, batch.turn_ids, batch.dones, batch.next_row), want)
 
 
 @pytest.mark.parametrize("next_row,msg", [
