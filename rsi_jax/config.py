@@ -380,7 +380,7 @@ class EnvConfig:
     _check(self.build_ca_bundle in ("", "none") or Path(self.build_ca_bundle).is_file(), f"{p}.build_ca_bundle",
            f"must be '', 'none' or an existing PEM file, got {self.build_ca_bundle!r}")
     try:
-      from rsi_jax.env.tasks import parse_memory
+      from rsi_jax.units import parse_memory
       parse_memory(self.disk_limit)
     except ValueError:
       _check(False, f"{p}.disk_limit", f"must be a size such as \"10G\", got {self.disk_limit!r}")
