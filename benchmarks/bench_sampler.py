@@ -77,7 +77,8 @@ import numpy as np
 
 from rsi_jax import policy as P
 from rsi_jax.config import load_config, with_overrides
-from rsi_jax.sampler.engine import build_engine, model_params
+from rsi_jax.sampler.engine import model_params
+from rsi_jax.sampler.factory import build_engine
 from rsi_jax.sampler.sampling import sample_tokens, token_key
 from rsi_jax.sampler.server import SamplerServer
 

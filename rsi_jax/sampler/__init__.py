@@ -1,6 +1,6 @@
 """rsi_jax.sampler — JetStream-style decode engine with continuous batching (SPEC §1).
 
-* :class:`~rsi_jax.sampler.engine.Engine` (``build_engine(cfg)``): ``init_decode_state``, ``prefill``,
+* :class:`~rsi_jax.sampler.engine.Engine` (:func:`~rsi_jax.sampler.factory.build_engine`): ``init_decode_state``, ``prefill``,
   ``insert``, ``generate``, ``free`` over MaxText Qwen3's prefill / autoregressive KV-cache modes.
 * :class:`~rsi_jax.sampler.server.SamplerServer` (``SamplerServer.from_config(cfg, actor_params)``): the
   thread-safe :class:`rsi_jax.policy.AsyncPolicy` the harness calls; continuous batching, stop conditions,

@@ -35,7 +35,8 @@ import numpy as np
 
 from rsi_jax import policy as P
 from rsi_jax.config import Config
-from rsi_jax.sampler.engine import Engine, build_engine
+from rsi_jax.sampler.engine import Engine
+from rsi_jax.sampler.factory import build_engine
 
 QWEN3_EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
 

@@ -30,7 +30,8 @@ from rsi_jax.models import Actor, Critic, build_mesh  # noqa: E402
 from rsi_jax.pipeline.rpr import RPRTrainer  # noqa: E402
 from rsi_jax.policy import SamplingParams  # noqa: E402
 from rsi_jax.rl.batch import Sample, assemble_batch  # noqa: E402
-from rsi_jax.sampler.engine import build_engine, model_params  # noqa: E402
+from rsi_jax.sampler.engine import model_params  # noqa: E402
+from rsi_jax.sampler.factory import build_engine  # noqa: E402
 from rsi_jax.sampler.server import SamplerServer  # noqa: E402
 
 REQUESTS = 8

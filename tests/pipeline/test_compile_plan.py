@@ -55,7 +55,7 @@ def test_tiny_config_fits_a_v5e_slice_and_reports_its_memory():
   assert state / 3 / 4 <= progs["joint_ppo_pass"]["held"] <= state / 3
   # the sampler (sampler.num_devices = 1 chip) holds a whole copy of the actor's weights and the KV pool,
   # which its steps update in place, while the learner's state stays resident on the same chip
-  from rsi_jax.sampler.engine import build_engine
+  from rsi_jax.sampler.factory import build_engine
   engine = build_engine(load_config(CONFIG_DIR / "smoke.yml"))
   weights = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(engine._abs_params))
   pool = engine.kv_bytes

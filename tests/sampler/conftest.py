@@ -53,7 +53,7 @@ def actor_params_b(actor):
 def engine_with(cfg, **sampler):
   """The engine for ``cfg`` with ``sampler`` section overrides."""
   from rsi_jax.config import with_overrides
-  from rsi_jax.sampler.engine import build_engine
+  from rsi_jax.sampler.factory import build_engine
   return build_engine(with_overrides(cfg, {"sampler": sampler}))
 
 

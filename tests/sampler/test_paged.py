@@ -244,7 +244,7 @@ def test_pool_config_checks():
     load_config(None, ["sampler.max_cache_length=1024", "sampler.block_size=64", "sampler.kv_blocks=15"])
   huge = load_config(None, ["model.vocab_size=512", "sampler.num_slots=1", "sampler.kv_blocks=2000000000",
                             "sampler.block_size=64"])
-  from rsi_jax.sampler.engine import build_engine
+  from rsi_jax.sampler.factory import build_engine
   with pytest.raises(ValueError, match=r"sampler.kv_blocks=2000000000 .* lower sampler.kv_blocks"):
     build_engine(huge)
 
