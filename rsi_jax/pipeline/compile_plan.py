@@ -1,7 +1,7 @@
 """Pod compile plan: does a config fit the chips, before renting them?
 
-    python -m rsi_jax.pipeline.compile_plan --config=FILE [--topology=v5p:2x2x2] [--hbm-gib=G] [--json]
-        [key=value ...]
+    python -m rsi_jax.pipeline.compile_plan --config=FILE [--topology=v5p:2x2x2] [--hbm_gib=G] [--json]
+        [--programs=joint_ppo_step,sft_step] [key=value ...]
 
 Builds shape-only (abstract) actor, critic and optimizer states and the largest learner pass a step can run
 (a row per data shard of ``rl.per_device_token_budget`` x context tokens, or of ``sampler.max_cache_length``
@@ -28,16 +28,15 @@ head at every position of the pass (the most a pass can ask for).
 ``--topology``: a TPU slice by name (``v4:2x2x1``, ``v5e:2x2``, ``v5p:2x2x2``, ``v6e:4x4``, ...) through
 ``jax.experimental.topologies``; this needs libtpu (a TPU VM has it; elsewhere ``scripts/setup.sh`` keeps the
 pinned release in ``.venv/libtpu``, outside the environment's import path so CPU runs do not probe for a TPU,
-and this command adds it). Without ``--topology``: this machine's devices (GPU, or CPU with
-``XLA_FLAGS=--xla_force_host_platform_device_count=N``). HBM per chip comes from the device kind (TPU), the
-device's memory statistics (GPU), or ``--hbm-gib``.
+and this command adds it). Without ``--topology``: this machine's devices (GPU, or CPU: as many virtual devices
+as the config's mesh needs unless ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` sets the count). HBM
+per chip comes from the device kind (TPU), the device's memory statistics (GPU), or ``--hbm_gib``.
 
-Exit status: 0 every program fits, 1 one does not, 2 a config or topology error.
+Exit status: 0 every program fits, 1 one does not, 2 a usage, config or topology error (one line).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -45,6 +44,10 @@ import os
 import re
 import sys
 from pathlib import Path
+
+from absl import flags
+
+from rsi_jax import cli
 
 GIB = 1 << 30
 # HBM per chip (GiB) by JAX device kind
@@ -236,7 +239,8 @@ def sampler_lowerings(cfg, devices) -> tuple[dict, dict]:
   from flax import nnx
 
   from rsi_jax.config import ConfigError
-  from rsi_jax.sampler.engine import HEAD_KEY, build_engine
+  from rsi_jax.sampler.engine import HEAD_KEY
+  from rsi_jax.sampler.factory import build_engine
   s = cfg.sampler
   if s.num_devices > len(devices):
     raise ConfigError(f"sampler.num_devices={s.num_devices} exceeds the {len(devices)} target devices")
@@ -276,7 +280,7 @@ def sampler_lowerings(cfg, devices) -> tuple[dict, dict]:
 def report(progs: list[Program], info: dict, hbm: int | None, label: str) -> tuple[str, dict]:
   gib = lambda b: f"{b / GIB:8.2f}"
   lines = [f"compile plan: {label}: {info['devices']} x {info['device_kind']}"
-           + (f", {hbm / GIB:.1f} GiB HBM each" if hbm else ", HBM unknown (--hbm-gib)"),
+           + (f", {hbm / GIB:.1f} GiB HBM each" if hbm else ", HBM unknown (--hbm_gib)"),
            f"mesh {info['mesh']}; learner pass {info['pass_rows']} rows x {info['pass_tokens']:,} tokens",
            f"{'program':18s} {'args GiB':>9s} {'temp GiB':>9s} {'out GiB':>9s} {'alias':>9s} {'held':>9s} "
            f"{'total':>9s}  verdict"]
@@ -298,31 +302,39 @@ def report(progs: list[Program], info: dict, hbm: int | None, label: str) -> tup
   return "\n".join(lines), {**info, "label": label, "hbm_bytes": hbm, "programs": rows, "fits": ok}
 
 
+PROG = "python -m rsi_jax.pipeline.compile_plan"
+FLAGS = cli.flag_values()
+flags.DEFINE_string("config", "", "Run config file (YAML; required).", flag_values=FLAGS)
+flags.DEFINE_string("topology", "", "TPU slice, e.g. v5p:2x2x2 (default: this machine's devices).", flag_values=FLAGS)
+flags.DEFINE_float("hbm_gib", None, "HBM per chip in GiB (overrides the device's).", lower_bound=0.0,
+                   flag_values=FLAGS)
+flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.", flag_values=FLAGS)
+flags.DEFINE_list("programs", list(PROGRAMS), f"A subset of {','.join(PROGRAMS)}.", flag_values=FLAGS)
+
+
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(prog="python -m rsi_jax.pipeline.compile_plan", description=__doc__.split("\n")[0])
-  ap.add_argument("--config", required=True)
-  ap.add_argument("--topology", default="", help="TPU slice, e.g. v5p:2x2x2 (default: this machine's devices)")
-  ap.add_argument("--hbm-gib", type=float, default=None, help="HBM per chip (overrides the device's)")
-  ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-  ap.add_argument("--programs", default=",".join(PROGRAMS), help=f"comma-separated subset of {','.join(PROGRAMS)}")
-  args, overrides = ap.parse_known_args(argv)
+  overrides = cli.parse(FLAGS, argv, PROG, __doc__)
+  names = [n for n in FLAGS.programs if n]
+  unknown = sorted(set(names) - set(PROGRAMS))
+  if not FLAGS.config:
+    cli.fail(PROG, "--config: required (the run config to plan)")
+  if unknown:
+    cli.fail(PROG, f"--programs: unknown {unknown} (known: {list(PROGRAMS)})")
   from rsi_jax.config import ConfigError, load_config
   try:
-    if args.topology:
-      _use_tpu_compiler(args.topology)
-    cfg = load_config(args.config, overrides)
-    devices = target_devices(args.topology)
-    names = [n for n in args.programs.split(",") if n]
-    unknown = sorted(set(names) - set(PROGRAMS))
-    if unknown:
-      raise ConfigError(f"--programs: unknown {unknown} (known: {list(PROGRAMS)})")
+    if FLAGS.topology:
+      _use_tpu_compiler(FLAGS.topology)
+    cfg = load_config(FLAGS.config, overrides)
+    if not FLAGS.topology:
+      cli.provide_cpu_devices(cfg.mesh)  # before JAX starts its backends
+    devices = target_devices(FLAGS.topology)
     progs, info = build_plan(cfg, devices, names)
   except (ConfigError, PlanError) as e:
     print(f"compile_plan: {e}", file=sys.stderr)
     return 2
-  hbm = hbm_bytes(devices[0], args.hbm_gib)
-  text, data = report(progs, info, hbm, f"{args.config} on {args.topology or 'local devices'}")
-  print(json.dumps(data) if args.json else text)
+  hbm = hbm_bytes(devices[0], FLAGS.hbm_gib)
+  text, data = report(progs, info, hbm, f"{FLAGS.config} on {FLAGS.topology or 'local devices'}")
+  print(json.dumps(data) if FLAGS.json else text)
   return 0 if data["fits"] else 1
 
 
