@@ -31,11 +31,11 @@ import numpy as np
 from etils import epath
 
 from rsi_jax.config import Config
+from rsi_jax.env.rollouts import RolloutPolicy, TaskOrder, collect, derive_seed, pick_tasks
 from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, make_train_step, masked_nll_loss
 from rsi_jax.pipeline import multihost
 from rsi_jax.pipeline.rpr import sft_passes
 from rsi_jax.pipeline.metrics import read_jsonl
-from rsi_jax.pipeline.rollouts import RolloutPolicy, TaskOrder, collect, derive_seed
 from rsi_jax.policy import SamplingParams
 from rsi_jax.rl.batch import Sample, assemble_batch, episode_samples, load_samples
 from rsi_jax.rl.metrics import combine_pass_metrics
@@ -512,7 +512,6 @@ def pool_key(cfg) -> tuple:
 def funnel_tasks(pool, families, max_tasks: int, phase: str) -> list:
   """The tasks an RSR phase's funnel runs on: those of ``families`` (every family when empty; a family the pool
   lacks is an error), then at most ``max_tasks`` of them (0 = all), the first of each family round-robin."""
-  from rsi_jax.pipeline.driver import pick_tasks
   unknown = sorted(set(families) - {t.family for t in pool})
   if unknown:
     raise InvariantError(f"{phase}: rsr.families names {unknown}, which no task of the pool has (its "

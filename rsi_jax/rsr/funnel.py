@@ -351,8 +351,8 @@ def funnel_table(manifest: dict) -> str:
 
 def policy_factory(sampler, seed: int, deterministic: bool, abort: threading.Event | None = None
                    ) -> Callable[[tuple], object]:
-  """The actor behind the sampler, one :class:`~rsi_jax.pipeline.rollouts.RolloutPolicy` per episode or call
+  """The actor behind the sampler, one :class:`~rsi_jax.env.rollouts.RolloutPolicy` per episode or call
   (seeded from the tag with ``rollout.deterministic``); ``abort``: one switch that stops them all."""
-  from rsi_jax.pipeline.rollouts import RolloutPolicy, derive_seed
+  from rsi_jax.env.rollouts import RolloutPolicy, derive_seed
   return lambda tag: RolloutPolicy(sampler, abort if abort is not None else threading.Event(),
                                    derive_seed(seed, *tag) if deterministic else None)

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from rsi_jax.config import CONFIG_DIR, REPO_ROOT, Config, load_config
+from rsi_jax.env.rollouts import TaskOrder, derive_seed
 from rsi_jax.pipeline.driver import (PreflightError, build_plan, check_fresh, checkpoint_root, preflight,
                                      run_dir_of)
 from rsi_jax.pipeline.phases import InvariantError
-from rsi_jax.pipeline.rollouts import TaskOrder, derive_seed
 
 SMOKE = CONFIG_DIR / "smoke.yml"
 
