@@ -288,7 +288,7 @@ def test_oversampling_accounting(run):
 def test_critic_seed_covers_every_task_once_with_the_actor_frozen(run):
   cfg, _, run_dir = run
   from rsi_jax.env import load_tasks
-  from rsi_jax.pipeline.driver import pick_tasks
+  from rsi_jax.env.rollouts import pick_tasks
   pool = sorted(t.name for t in pick_tasks(load_tasks(cfg.env.tasks_dir), 3))  # its phase's env.max_tasks
   rows = _rows(run_dir / "phases" / "critic_seed" / "outcomes.jsonl")
   assert sorted(r["task"] for r in rows) == pool
