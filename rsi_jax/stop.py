@@ -1,4 +1,4 @@
-"""Stop notices (SIGTERM, Ctrl-C) seen by long waits: a rollout step, the RSR funnel's stages.
+"""Stop notices (SIGTERM, Ctrl-C) seen by long waits: a rollout step, the RSR funnel's stages, an evaluation.
 
 The driver owns the notice (an object with ``requested: bool`` and ``signal_name: str``, set from its signal
 handler); a stage that waits for episodes calls :func:`wait_all` with it, which returns the results or, once the
@@ -29,9 +29,14 @@ def wait_all(futs: Sequence[cf.Future], stop=None, aborts: Sequence[threading.Ev
     if not pending:
       return [f.result() for f in futs]
     if stop.requested:
-      for ev in aborts:
-        ev.set()
-      for f in pending:
-        f.cancel()
-      cf.wait([f for f in pending if not f.cancelled()])
+      abort_all(pending, aborts)
       raise StopRequested(stop.signal_name)
+
+
+def abort_all(futs, aborts: Sequence[threading.Event] = ()):
+  """Stop what ``futs`` still run: every event in ``aborts`` set (a running episode's container removed, its
+  sampler request cancelled), queued futures cancelled, running ones waited for."""
+  for ev in aborts:
+    ev.set()
+  futs = [f for f in futs if not f.cancel()]
+  cf.wait(futs)

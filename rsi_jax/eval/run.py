@@ -187,18 +187,30 @@ def _action(turn) -> str:
 
 
 def evaluate(pool, tasks, harness_factory, repeats: int, *, infra_retries: int = 0, strata: dict | None = None,
-             info: dict | None = None) -> EvalReport:
+             info: dict | None = None, stop=None, abort=None) -> EvalReport:
   """Run every task ``repeats`` times concurrently in ``pool`` (an attempt that is an infrastructure failure
-  runs again, up to ``infra_retries`` times) and score the attempts."""
+  runs again, up to ``infra_retries`` times) and score the attempts. ``stop``: a stop notice
+  (:mod:`rsi_jax.stop`); once it is there, ``abort`` (the switch the attempts' containers and, through the
+  harness's policy, their sampler requests watch) is set, queued attempts are cancelled, running ones waited
+  for, and :class:`~rsi_jax.stop.StopRequested` is raised: nothing of the evaluation is returned."""
+  import threading
+
+  from rsi_jax.stop import StopRequested, abort_all
   if repeats <= 0:
     raise ValueError(f"repeats must be > 0, got {repeats}")
   if not tasks:
     raise ValueError("no tasks to evaluate")
-  pending = {(i, r): (pool.submit(t, harness_factory), 1) for i, t in enumerate(tasks) for r in range(repeats)}
+  if stop is not None and abort is None:
+    abort = threading.Event()
+  pending = {(i, r): (pool.submit(t, harness_factory, abort=abort), 1)
+             for i, t in enumerate(tasks) for r in range(repeats)}
   scores = np.full((len(tasks), repeats), np.nan)
   fractions = np.full((len(tasks), repeats), np.nan)
   infra, retries, records = 0, 0, {}
   while pending:
+    if stop is not None and stop.requested:
+      abort_all([f for f, _ in pending.values()], [abort])
+      raise StopRequested(stop.signal_name)
     for key in list(pending):
       fut, tries = pending[key]
       if not fut.done():
@@ -208,7 +220,7 @@ def evaluate(pool, tasks, harness_factory, repeats: int, *, infra_retries: int =
       res = fut.result()
       if res.infra_failure and tries <= infra_retries:
         retries += 1
-        pending[key] = (pool.submit(tasks[i], harness_factory), tries + 1)
+        pending[key] = (pool.submit(tasks[i], harness_factory, abort=abort), tries + 1)
         continue
       records[key] = _attempt_record(res, tasks[i], r, tries)
       o = res.outcome
@@ -285,22 +297,33 @@ def suite_tasks(cfg: Config, tasks_dir: str, task_names=(), *, harness: str | No
 
 
 def evaluate_policy(cfg: Config, pool, tasks, policy, renderer, *, strata=None, harness: str | None = None,
-                    repeats: int | None = None, info: dict | None = None, refused=(), notes=()) -> EvalReport:
+                    repeats: int | None = None, info: dict | None = None, refused=(), notes=(),
+                    stop=None) -> EvalReport:
   """The actor behind ``policy`` (e.g. the training program's sampler) on ``tasks`` under the configured
   harness and evaluation sampling: the code path of ``python -m rsi_jax.eval`` and in-training evaluation.
   ``refused`` / ``notes``: what loading the suite refused or adjusted, kept with the results (no task left:
-  an empty report that lists them)."""
+  an empty report that lists them). ``stop``: a stop notice aborts the evaluation (:func:`evaluate`), its
+  sampler requests cancelled too."""
+  import threading
+
   from rsi_jax.env import make_harness
   harness = harness or cfg.eval.harness
   sampling = eval_sampling(cfg)
+  abort = threading.Event() if stop is not None else None
   if harness == "oracle":
     factory = lambda: make_harness("oracle")  # noqa: E731
   else:
-    factory = lambda: make_harness(harness, policy, renderer, sampling, env_cfg=cfg.env)  # noqa: E731
+    if abort is not None:  # each attempt's sampler calls end on the abort switch
+      from rsi_jax.env.rollouts import RolloutPolicy
+      agent = lambda: RolloutPolicy(policy, abort)  # noqa: E731
+    else:
+      agent = lambda: policy  # noqa: E731
+    factory = lambda: make_harness(harness, agent(), renderer, sampling, env_cfg=cfg.env)  # noqa: E731
   info = {"harness": harness, "sampling": dataclasses.asdict(sampling), **(info or {})}
   repeats = repeats or cfg.eval.repeats
   if tasks:
-    rep = evaluate(pool, tasks, factory, repeats, infra_retries=cfg.eval.infra_retries, strata=strata, info=info)
+    rep = evaluate(pool, tasks, factory, repeats, infra_retries=cfg.eval.infra_retries, strata=strata, info=info,
+                   stop=stop, abort=abort)
   else:
     rep = EvalReport([], [], np.zeros((0, repeats)), np.zeros((0, repeats)), 0, strata=strata or {}, info=info)
   rep.refused, rep.notes = list(refused), list(notes)

@@ -11,8 +11,9 @@ and the console; each phase (:mod:`rsi_jax.pipeline.phases`) owns what its steps
 2. resume: if the phase's checkpoint folder holds a complete step, params, optimizer states, update
    counter, seed and rollout cursor are restored from it and the phase continues after that step;
 3. steps, each logged (``metrics.jsonl``, TensorBoard, one console line) and checkpointed every
-   ``pipeline.checkpoint_every`` steps and at the phase's end (asynchronous Orbax writes); SIGTERM finishes
-   the current step, saves, and stops with :class:`Preempted`;
+   ``pipeline.checkpoint_every`` steps and at the phase's end (asynchronous Orbax writes); SIGTERM (or Ctrl-C)
+   aborts what waits for episodes (a rollout step, the RSR funnel, an in-training evaluation), saves the
+   newest completed step, and stops with :class:`Preempted`; a cut evaluation runs again on the rerun;
 4. invariants: Δφ = 0 across a phase that does not train the critic (RSR), a fresh optimizer state at every
    phase start; a violation raises :class:`~rsi_jax.pipeline.phases.InvariantError`;
 5. a lineage entry (``lineage.json``): where its weights came from, its output, content digests of both
@@ -505,10 +506,19 @@ class Driver:
     d = epath.Path(self.run_dir) / "eval" / phase
     return d if step is None else d / str(step)
 
+  def _evaluate_or_stop(self, ctx, phase: str, step: int, actor_params, where: str, saved: bool = True):
+    """:meth:`_evaluate`; a stop notice during it stops the run (:class:`Preempted`: ``where``, ``saved``) and
+    leaves no result of the cut evaluation, so the rerun evaluates again."""
+    try:
+      return self._evaluate(ctx, phase, step, actor_params)
+    except StopRequested as e:
+      raise Preempted(where, str(e), saved=saved) from None
+
   def _evaluate(self, ctx, phase: str, step: int, actor_params):
     """In-training evaluation (``eval.tasks_dir``): the actor through the sampler and harness code of
     ``python -m rsi_jax.eval``, into ``<run>/eval/<phase>/<step>/``, ``eval/metrics.jsonl`` and TensorBoard
-    (``eval/<suite>/*``). Skipped when that folder already holds a result (a resumed run)."""
+    (``eval/<suite>/*``). Skipped when that folder already holds a result (a resumed run). A stop notice
+    (``ctx.stop``) aborts it: :class:`~rsi_jax.stop.StopRequested`, nothing written."""
     cfg = self.cfg
     if not cfg.eval.tasks_dir:
       return None
@@ -516,14 +526,29 @@ class Driver:
     if multihost.from_primary((out / "summary.json").exists):
       return None
     digest = params_digest(actor_params)
-    if digest in self._evaluated:  # e.g. the critic seed's frozen actor: the same weights were just measured
+    # e.g. the critic seed's frozen actor: the same weights were just measured (or by an earlier attempt)
+    where = self._evaluated.get(digest) or multihost.from_primary(self._measured, digest)
+    if where:
       self.console.line(f"[{phase}] eval after step {step} skipped: the actor is the one evaluated at "
-                        f"{self._evaluated[digest]} ({digest})")
+                        f"{where} ({digest})")
       return None
-    self._evaluated[digest] = f"{phase} step {step}"
     ctx.serve(actor_params)  # on every process (the weight sync is collective)
     # the first process runs the evaluation and writes its report; the others wait for its metrics
-    return multihost.from_primary(self._evaluate_here, ctx, phase, step, digest, out)
+    m = multihost.from_primary(self._evaluate_here, ctx, phase, step, digest, out)
+    self._evaluated[digest] = f"{phase} step {step}"
+    return m
+
+  def _measured(self, digest: str) -> str | None:
+    """Which evaluation in the run folder (an earlier attempt's) measured the actor ``digest``, if any."""
+    root = epath.Path(self.run_dir) / "eval"
+    for f in sorted(root.glob("*/*/summary.json")) if root.exists() else []:
+      try:
+        info = json.loads(f.read_text())
+      except ValueError:
+        continue
+      if isinstance(info, dict) and info.get("actor_digest") == digest:
+        return f"{info.get('phase')} step {info.get('step')}"
+    return None
 
   def _evaluate_here(self, ctx, phase: str, step: int, digest: str, out):
     from rsi_jax.eval.run import evaluate_policy, suite_tasks
@@ -538,7 +563,7 @@ class Driver:
     suite = epath.Path(cfg.eval.tasks_dir).name
     rep = evaluate_policy(cfg, ctx.pool, tasks, ctx.sampler, ctx.renderer, strata=strata,
                           info={"suite": suite, "tasks_dir": cfg.eval.tasks_dir, "phase": phase, "step": step,
-                                "actor_digest": digest}, refused=refused, notes=notes)
+                                "actor_digest": digest}, refused=refused, notes=notes, stop=ctx.stop)
     out.mkdir(parents=True, exist_ok=True)
     rep.write(out)
     m = rep.metrics()
@@ -726,9 +751,11 @@ class Driver:
     def full(train):  # what a checkpoint of this phase holds: the carried critic too
       return train if phase.uses_critic else train._replace(critic=carried)
 
-    if list(self.cfg.pipeline.phases).index(spec.name) == 0 and latest == 0:
-      self._evaluate(ctx, "base", 0, state.train.actor)  # the first phase's starting actor
+    if list(self.cfg.pipeline.phases).index(spec.name) == 0 and latest == 0:  # the first phase's starting actor
+      self._evaluate_or_stop(ctx, "base", 0, state.train.actor, started_from["actor"], saved=False)
     every = cfg.pipeline.eval_every
+    if 0 < latest < n and latest % every == 0:  # resumed: the evaluation an earlier attempt cut (none if done)
+      self._evaluate_or_stop(ctx, spec.name, latest, state.train.actor, ckpts.step_dir(latest))
     bar = self.console.bar(n, latest, spec.name)
     try:
       saved = latest  # the newest step on storage
@@ -755,14 +782,20 @@ class Driver:
           ckpts.wait()
           raise Preempted(ckpts.step_dir(i + 1), stop.signal_name)
         if (i + 1) % every == 0 and i + 1 < n:
-          self._evaluate(ctx, spec.name, i + 1, state.train.actor)
+          try:
+            self._evaluate_or_stop(ctx, spec.name, i + 1, state.train.actor, ckpts.step_dir(i + 1))
+          except Preempted:  # the rerun resumes after this step and evaluates it again
+            if i + 1 > saved:
+              ckpts.save(i + 1, full(state.train), meta())
+            ckpts.wait()
+            raise
       if n == 0 and ckpts.latest_step() is None:  # nothing to train on: the phase's output is its input
         ckpts.save(0, full(state.train), meta())
       ckpts.wait()
     finally:
       self.console.close_bar()
     actor_out, critic_out = state.train.actor, (state.train.critic if phase.uses_critic else carried)
-    self._evaluate(ctx, spec.name, n, actor_out)  # each phase's final weights
+    self._evaluate_or_stop(ctx, spec.name, n, actor_out, ckpts.step_dir(n))  # each phase's final weights
     entry = {"phase": spec.name, "kind": spec.kind, "started_from": started_from, "output": ckpts.step_dir(n),
              "steps": n, "optimizer": "fresh at phase start (weights-only handoff)",
              "actor_digest": params_digest(actor_out),

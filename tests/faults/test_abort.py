@@ -1,8 +1,11 @@
-"""Fault: an episode is aborted (oversampling's spare episodes, a stop notice) while its agent command or its
-verification runs. The abort removes the container at once: the command or the verifier ends with it, the
-episode counts as aborted (not an infrastructure failure), and nothing is left behind."""
+"""Fault: an episode is aborted (oversampling's spare episodes, a stop notice, also during an evaluation) while
+its agent command or its verification runs. The abort removes the container at once: the command or the
+verifier ends with it, the episode counts as aborted (not an infrastructure failure), and nothing is left
+behind."""
 
+import os
 import shutil
+import signal
 import threading
 import time
 import uuid
@@ -72,4 +75,33 @@ def test_abort_during_verification_is_counted_as_aborted(pool, tasks, docker_cli
   r = fut.result(timeout=30)
   assert time.time() - t1 < 10
   assert r.failure_kind == ABORTED and r.success is None and r.infra_failure
+  assert docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"}) == []
+
+
+def test_sigterm_during_an_evaluation_aborts_its_attempts(pool, tasks, docker_client):
+  """A real SIGTERM to this process, taken by the training program's handler, while an evaluation's attempts run
+  an agent command and a verification: both are aborted at once (containers removed, counted as aborted) and
+  the evaluation raises StopRequested instead of returning a report."""
+  from rsi_jax.eval.run import evaluate
+  from rsi_jax.pipeline.driver import _Stop
+  from rsi_jax.stop import StopRequested
+  slow = [tasks["slow_agent"], tasks["slow_verifier"]]
+  pool.prebuild(slow)
+  before = pool.counts["aborted"]
+
+  def notice():
+    t0 = time.time()
+    while (len(docker_client.containers.list(filters={"label": f"{LABEL_RUN}={RUN_ID}"})) < 2
+           and time.time() - t0 < 60):
+      time.sleep(0.05)
+    time.sleep(3)  # the agent's command and the verifier's sleep are running now
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  threading.Thread(target=notice, daemon=True).start()
+  t0 = time.time()
+  with _Stop() as stop, pytest.raises(StopRequested, match="SIGTERM"):
+    evaluate(pool, slow, OracleHarness, 1, stop=stop)
+  took = time.time() - t0
+  assert took < 30, f"the evaluation took {took:.0f}s: its attempts ran on after the notice"
+  assert pool.counts["aborted"] - before == 2 and pool.counts["infra_failures"] == 0
   assert docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"}) == []
