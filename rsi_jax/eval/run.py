@@ -273,7 +273,7 @@ def suite_tasks(cfg: Config, tasks_dir: str, task_names=(), *, harness: str | No
   from rsi_jax.env.harness import HARNESSES
   from rsi_jax.env.tasks import TaskError, image_check, load_suite
   from rsi_jax.eval.strata import suite_strata
-  from rsi_jax.pipeline.driver import pick_tasks
+  from rsi_jax.env.rollouts import pick_tasks
   images = image_check(pool.settings.image_map, image_presence(pool)) if pool is not None else None
   everything = load_suite(tasks_dir, strict=strict and not task_names, images=images)
   strata = suite_strata(everything.tasks, tasks_dir) if everything.tasks else {}

@@ -48,6 +48,7 @@ from rsi_jax.pipeline import multihost
 from rsi_jax.pipeline.phases import PHASES, InvariantError, PhaseState, RunContext, pool_key
 from rsi_jax.stop import StopRequested
 from rsi_jax.env.pool import AllEndpointsDown
+from rsi_jax.env.rollouts import pick_tasks
 from rsi_jax.env.tasks import tasks_digest
 
 LINEAGE = "lineage.json"
@@ -267,22 +268,6 @@ def load_pool(c: Config, images=None) -> tuple[list, list]:
     raise PreflightError(f"env.tasks_dir: {c.env.tasks_dir}: no task loaded, all {len(suite.refused)} folder(s) "
                          f"refused (first: {first.task}: {first.reason})")
   return pick_tasks(suite.tasks, c.env.max_tasks), suite.refused
-
-
-def pick_tasks(tasks, n: int):
-  """Up to n tasks (0 = all), round-robin over families so every family is represented."""
-  if n <= 0 or n >= len(tasks):
-    return list(tasks)
-  by_family: dict[str, list] = {}
-  for t in tasks:
-    by_family.setdefault(t.family, []).append(t)
-  out, i = [], 0
-  while len(out) < n:
-    for fam in sorted(by_family):
-      if i < len(by_family[fam]) and len(out) < n:
-        out.append(by_family[fam][i])
-    i += 1
-  return out
 
 
 @functools.cache
@@ -881,7 +866,7 @@ def _train_state(trees: dict, step):
 
 
 def _phase_seed(seed: int, phase: str) -> int:
-  from rsi_jax.pipeline.rollouts import derive_seed
+  from rsi_jax.env.rollouts import derive_seed
   return derive_seed(seed, "phase", phase)
 
 
