@@ -108,12 +108,24 @@ def check_output_folder(path: str, flag: str):
   p = os.path.abspath(path)
   if os.path.exists(p) and not os.path.isdir(p):
     raise UsageError(f"--{flag}: {path} is an existing file, not a folder")
+  problem = output_folder_problem(path)
+  if problem:
+    raise UsageError(f"--{flag}: {problem}")
+
+
+def output_folder_problem(path: str) -> str:
+  """Why a local output folder cannot be created and written ("" if it can): its nearest existing parent is a
+  file or not writable. Object-store URLs are left to their backend."""
+  if not path or "://" in path:
+    return ""
+  p = os.path.abspath(path)
   while not os.path.exists(p):
     p = os.path.dirname(p)
   if not os.path.isdir(p):
-    raise UsageError(f"--{flag}: {p} is a file, not a folder (for {path})")
+    return f"{p} is a file, not a folder (for {path})"
   if not os.access(p, os.W_OK | os.X_OK):
-    raise UsageError(f"--{flag}: {p} is not writable (for {path})")
+    return f"{p} is not writable (for {path})"
+  return ""
 
 
 def mesh_devices(mesh) -> int:

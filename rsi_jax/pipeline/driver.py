@@ -242,15 +242,10 @@ def preflight(cfg: Config, cli_overrides: Sequence[str] = (), num_devices: int |
 def check_output_location(path: str, key: str):
   """A local output folder must be creatable and writable (its nearest existing parent writable); an object-store
   URL is left to its backend."""
-  if "://" in path:
-    return
-  p = os.path.abspath(path)
-  while not os.path.exists(p):
-    p = os.path.dirname(p)
-  if not os.path.isdir(p):
-    raise PreflightError(f"{key}: {p} is a file, not a folder (for {path})")
-  if not os.access(p, os.W_OK | os.X_OK):
-    raise PreflightError(f"{key}: {p} is not writable (for {path})")
+  from rsi_jax.cli import output_folder_problem
+  problem = output_folder_problem(path)
+  if problem:
+    raise PreflightError(f"{key}: {problem}")
 
 
 def load_pool(c: Config, images=None) -> tuple[list, list]:
