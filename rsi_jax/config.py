@@ -56,6 +56,10 @@ class RunConfig:
   # containers removed; the rerun resumes the newest complete checkpoint, which a write in progress never
   # replaces). A preemption notice gives ~30 s. 0 = no limit
   preempt_budget_s: float = 25.0
+  # which rollout episodes keep their transcript (phases/<phase>/episodes/, read by `python -m rsi_jax.view`):
+  # all | failures (unsuccessful or infrastructure-failed episodes only) | sample:N (N episodes per step,
+  # chosen from the step's seed)
+  keep_transcripts: str = "all"
 
   def validate(self, p):
     _check(self.name != "", f"{p}.name", "must not be empty")
@@ -67,6 +71,18 @@ class RunConfig:
     _check(self.resume in ("auto", "never"), f"{p}.resume", f"must be 'auto' or 'never', got {self.resume!r}")
     _check(self.log_level in ("debug", "info", "warning", "error"), f"{p}.log_level",
            f"must be one of debug/info/warning/error, got {self.log_level!r}")
+    _check(_transcript_sample_size(self.keep_transcripts) is not None, f"{p}.keep_transcripts",
+           f"must be 'all', 'failures' or 'sample:N' with N >= 1, got {self.keep_transcripts!r}")
+
+
+def _transcript_sample_size(mode: str) -> int | None:
+  """``run.keep_transcripts`` parsed: 0 for all / failures, N for sample:N, None for anything else."""
+  if mode in ("all", "failures"):
+    return 0
+  m = re.fullmatch(r"sample:([0-9]+)", mode)
+  if m is None or int(m.group(1)) < 1:
+    return None
+  return int(m.group(1))
 
 
 @dataclasses.dataclass(frozen=True)

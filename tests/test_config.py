@@ -221,3 +221,19 @@ def test_pod_configs_load_and_their_mesh_fills_the_named_slice(path):
           * m.dcn_data_parallelism * m.dcn_fsdp_parallelism)
   assert used == chips
   assert cfg.rollout.global_batch % (m.ici_data_parallelism * m.ici_fsdp_parallelism) == 0
+
+
+@pytest.mark.parametrize("mode", ["all", "failures", "sample:1", "sample:16"])
+def test_keep_transcripts_accepts_its_modes(mode):
+  assert load_config(SMOKE, [f"run.keep_transcripts={mode}"]).run.keep_transcripts == mode
+
+
+@pytest.mark.parametrize("mode", ["some", "sample:0", "sample:", "sample:x", "sample:-2", "ALL", ""])
+def test_keep_transcripts_refuses_anything_else_naming_the_key(mode):
+  with pytest.raises(ConfigError, match=r"run\.keep_transcripts: must be 'all', 'failures' or 'sample:N'"):
+    load_config(SMOKE, [f"run.keep_transcripts={mode}"])
+
+
+def test_pod_configs_keep_a_sample_of_transcripts():
+  for f in sorted((CONFIG_DIR / "pod").glob("*.yml")):
+    assert load_config(f, []).run.keep_transcripts.startswith("sample:"), f.name
