@@ -26,7 +26,7 @@ import numpy as np
 
 from rsi_jax.env.harness import SUMMARY_REQUEST, oracle_commands
 from rsi_jax.policy import FINISH_EOS, Completion, SamplingParams
-from rsi_jax.rsr.review import commands, sections
+from rsi_jax.rsr.shellwords import commands, sections
 
 LABEL = "scripted policy (test double: reference solutions, runbooks written from them)"
 PLAN_MARK = "You write runbooks"
@@ -102,5 +102,5 @@ def _plan_template_around_transcript() -> tuple[str, str]:
 
 
 def _workdir(task) -> str:
-  from rsi_jax.rsr.review import task_facts
+  from rsi_jax.rsr.facts import task_facts
   return task_facts(task).workdir

@@ -9,7 +9,8 @@ from rsi_jax.env.harness import ScriptedPolicy, oracle_commands
 from rsi_jax.env.tasks import load_tasks
 from rsi_jax.policy import SamplingParams
 from rsi_jax.rsr import Review, review, screen_trajectory
-from rsi_jax.rsr.review import ModelJudge, task_facts
+from rsi_jax.rsr.facts import task_facts
+from rsi_jax.rsr.review import ModelJudge
 from rsi_jax.rsr.runbook import load_template, parse_runbook
 
 TASKS = {t.name: t for t in load_tasks(REPO_ROOT / "tasks")}
@@ -150,7 +151,7 @@ def test_markdown_variants():
   body = ("# 1. Goal:\nBack up.\n\n### Steps (commands)\n~~~ bash\n# a comment, not a heading\n"
           "cd /app && tar -czf backup.tar.gz project\n~~~\n\n## Checks\n- `ls /app`\n")
   assert review(BACKUP, body).accepted
-  from rsi_jax.env.tasks import dockerfile_layout
+  from rsi_jax.env.dockerfiles import dockerfile_layout
   assert dockerfile_layout('WORKDIR /srv\nCOPY ["src", "/srv/src"]\nCOPY --chown=1:1 a.txt b/\n') == (
       "/srv", [("src", "/srv/src"), ("a.txt", "/srv/b/")])
 
