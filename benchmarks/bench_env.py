@@ -16,7 +16,8 @@ from pathlib import Path
 
 from rsi_jax.env.harness import OracleHarness
 from rsi_jax.env.pool import EnvPool, EnvSettings
-from rsi_jax.env.sandbox import DockerSandbox, docker_client, reap_containers
+from rsi_jax.env.reaper import reap_containers
+from rsi_jax.env.sandbox import DockerSandbox, docker_client
 from rsi_jax.env.tasks import load_tasks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def bench_builds(client, tasks, settings):
   """Per task family (its first task): a fresh build (its image and the layers only it uses removed first)
   and a cached one (the image is there: the content-hash tag is found). Builds as the run does: with
   ``settings.build_network`` (then also fetching what the verifier fetches at test time)."""
-  from rsi_jax.env.sandbox import build_task_image, task_image_tag
+  from rsi_jax.env.images import build_task_image, task_image_tag
   rows = []
   net, ca = settings.build_network, settings.build_ca_bundle if settings.build_network != "none" else None
   for fam in sorted({t.family for t in tasks}):

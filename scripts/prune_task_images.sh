@@ -7,7 +7,8 @@ keep=True
 [[ "${1:-}" == "--all" ]] && keep=False
 .venv/bin/python - "$keep" <<'PY'
 import sys
-from rsi_jax.env.sandbox import docker_client, prune_task_images
+from rsi_jax.env.images import prune_task_images
+from rsi_jax.env.sandbox import docker_client
 removed = prune_task_images(docker_client(), keep_latest=sys.argv[1] == "True")
 print(f"removed {len(removed)} task image(s)" + "".join(f"\n  {t}" for t in removed))
 PY

@@ -30,9 +30,9 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from rsi_jax.env.harness import AgentRun, Harness, Segment, Turn
-from rsi_jax.env.sandbox import (CREATE_FAILED, DOCKER_ERROR, LABEL_HOST, LABEL_PID, LABEL_RUN, DockerSandbox,
-                                 SandboxError, build_task_image, docker_client, host_ca_bundle,
-                                 install_signal_handlers, reap_orphans)
+from rsi_jax.env.images import build_task_image, host_ca_bundle
+from rsi_jax.env.reaper import LABEL_HOST, LABEL_PID, LABEL_RUN, install_signal_handlers, reap_orphans
+from rsi_jax.env.sandbox import CREATE_FAILED, DOCKER_ERROR, DockerSandbox, SandboxError, docker_client
 from rsi_jax.env.tasks import Task, effective_image_map, parse_memory
 from rsi_jax.env.verifier import NEEDS_NETWORK, VerifierRun, verify
 from rsi_jax.rl.ctrf import VerificationOutcome, verification_outcome
@@ -458,7 +458,7 @@ class EnvPool:
   def _rejoin(self, h: str) -> str | None:
     """Before ``h`` is back in rotation: its client, and the containers of this run's lost episodes there
     (stopped with the daemon, left behind) removed. None, or why it cannot rejoin yet."""
-    from rsi_jax.env.sandbox import _LIVE, _LIVE_LOCK
+    from rsi_jax.env.reaper import _LIVE, _LIVE_LOCK
     try:
       c = self.clients.get(h) or docker_client(h or None, pool_size=self._pool_size)
       self.clients[h] = c
@@ -574,7 +574,7 @@ class EnvPool:
     available on an endpoint nor mapped by ``env.image_map`` (its build will fail), or one whose family image
     is not built (the base image stands in; the warning names the command that builds it). Returns
     {task: [lines]} (:func:`rsi_jax.env.tasks.base_image_problems`)."""
-    from rsi_jax.env.sandbox import _image_exists
+    from rsi_jax.env.images import _image_exists
     from rsi_jax.env.tasks import base_image_problems
     out: dict = {}
     for c in self._live_clients().values():

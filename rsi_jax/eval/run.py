@@ -253,7 +253,7 @@ class SuiteTasks:
 
 def image_presence(pool) -> Callable[[str], bool]:
   """Whether an image is present on every live Docker endpoint of ``pool`` (answers cached)."""
-  from rsi_jax.env.sandbox import _image_exists
+  from rsi_jax.env.images import _image_exists
   clients = [c for c in pool.clients.values() if c is not None]
   seen: dict[str, bool] = {}
 

@@ -333,7 +333,7 @@ class _Stop:
   def _expire(self):
     """run.preempt_budget_s passed since the notice and the run has not stopped: end the process now. The
     newest complete checkpoint is on storage (a step folder appears only once whole), so the rerun resumes."""
-    from rsi_jax.env.sandbox import _remove_all_live
+    from rsi_jax.env.reaper import _remove_all_live
     msg = (f"preempted ({self.signal_name}): still stopping after run.preempt_budget_s={self.budget_s:g} s: "
            f"ended now; rerun the same command to resume from the newest complete checkpoint")
     try:

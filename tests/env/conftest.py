@@ -53,7 +53,7 @@ def no_container_left_behind():
   c = _connect()
   if isinstance(c, Exception):
     return
-  from rsi_jax.env.sandbox import LABEL_RUN, reap_containers
+  from rsi_jax.env.reaper import LABEL_RUN, reap_containers
   left = c.containers.list(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"})
   reap_containers(c, RUN_ID)
   assert not left, f"containers left behind: {[x.short_id for x in left]}"

@@ -59,7 +59,8 @@ def test_container_killed_mid_episode(docker_client, settings, fixture_tasks, to
   import threading
   import time
   from rsi_jax.env.pool import run_episode
-  from rsi_jax.env.sandbox import CONTAINER_DIED, LABEL_EPISODE
+  from rsi_jax.env.reaper import LABEL_EPISODE
+  from rsi_jax.env.sandbox import CONTAINER_DIED
 
   def kill_it():
     for _ in range(100):

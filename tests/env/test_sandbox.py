@@ -15,8 +15,8 @@ import docker.errors
 
 import pytest
 
-from rsi_jax.env.sandbox import (CONTAINER_DIED, CREATE_FAILED, LABEL_EPISODE, LABEL_HOST, LABEL_PID,
-                                 LABEL_RUN, LABEL_TASK, DockerSandbox, SandboxError, reap_orphans)
+from rsi_jax.env.reaper import LABEL_EPISODE, LABEL_HOST, LABEL_PID, LABEL_RUN, LABEL_TASK, reap_orphans
+from rsi_jax.env.sandbox import CONTAINER_DIED, CREATE_FAILED, DockerSandbox, SandboxError
 
 from .conftest import REPO
 
@@ -200,7 +200,8 @@ def test_teardown_on_error(docker_client, run_id):
 
 _CHILD = """
 import sys, time
-from rsi_jax.env.sandbox import DockerSandbox, docker_client, install_signal_handlers
+from rsi_jax.env.reaper import install_signal_handlers
+from rsi_jax.env.sandbox import DockerSandbox, docker_client
 install_signal_handlers()
 with DockerSandbox(docker_client(), "rsi-base", run_id=sys.argv[1], task_name="signal") as b:
   print(b.container.id, flush=True)
@@ -309,7 +310,8 @@ def test_context_links_are_copied_as_links_and_outside_ones_refused(tmp_path, do
   and the file behind it is never read: not into an image, not into the image tag."""
   import hashlib
 
-  from rsi_jax.env.sandbox import BUILD_FAILED, build_task_image, task_image_tag
+  from rsi_jax.env.images import build_task_image, task_image_tag
+  from rsi_jax.env.sandbox import BUILD_FAILED
   t = _harbor(tmp_path, "FROM rsi-base\nWORKDIR /app\nCOPY project /app/project\n"
               "RUN cat /app/project/a-link.txt /app/project/data-link/b.txt > /app/seen.txt\n")
   project = t.context_dir / "project"
@@ -350,7 +352,8 @@ def test_context_links_are_copied_as_links_and_outside_ones_refused(tmp_path, do
 def test_dockerfile_parse_error_names_the_tasks_own_line(tmp_path, docker_client):
   """The build reads a rewritten Dockerfile (the build CA's lines after each FROM, a header); a parse error is
   reported at the task's own Dockerfile and line."""
-  from rsi_jax.env.sandbox import BUILD_FAILED, build_task_image
+  from rsi_jax.env.images import build_task_image
+  from rsi_jax.env.sandbox import BUILD_FAILED
   ca = tmp_path / "ca.pem"
   ca.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
   t = _harbor(tmp_path, "FROM rsi-base AS base\nRUN echo one \\\n  && echo two\nFROM base\nWORKDIR /app\n"
@@ -367,7 +370,8 @@ def test_failed_build_says_why(tmp_path, docker_client):
   meter, retries): the reason names the task's own Dockerfile line and keeps the cause ("Could not resolve
   host"), without escape codes or progress redraws, within a bounded length; a second try is answered from
   the record of the first."""
-  from rsi_jax.env.sandbox import BUILD_FAILED, build_task_image
+  from rsi_jax.env.images import build_task_image
+  from rsi_jax.env.sandbox import BUILD_FAILED
   ca = tmp_path / "ca.pem"
   ca.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
   t = _harbor(tmp_path, "FROM rsi-base\nWORKDIR /app\nRUN for i in $(seq 1 400); do echo \"Unpacking part $i\"; "
@@ -392,7 +396,8 @@ def test_failed_build_says_why(tmp_path, docker_client):
 def test_failed_build_names_a_host_an_earlier_step_could_not_reach(tmp_path, docker_client):
   """``curl -sSf URL | sh`` without pipefail "succeeds" offline; the next step fails for want of the tool it
   fetched (``rustc: not found``). The reason says which host the earlier step could not reach."""
-  from rsi_jax.env.sandbox import BUILD_FAILED, build_task_image
+  from rsi_jax.env.images import build_task_image
+  from rsi_jax.env.sandbox import BUILD_FAILED
   nonce = uuid.uuid4().hex  # a step Docker's build cache has not seen (a cached step shows no output)
   t = _harbor(tmp_path, f"FROM rsi-base\nRUN echo {nonce} && curl -sSf http://sh.example.invalid/install | sh\n"
               "RUN rsi-tool-it-installed --version\n")

@@ -75,7 +75,7 @@ def test_verifier_env_reaches_the_test_script(tmp_path, docker_client, settings)
 @pytest.mark.docker
 def test_prune_keeps_the_newest_image_of_each_task(tmp_path, docker_client):
   """Two versions of one task's image: pruning removes the older one only, and never one in use."""
-  from rsi_jax.env.sandbox import build_task_image, prune_task_images
+  from rsi_jax.env.images import build_task_image, prune_task_images
   d = _copy(tmp_path, name="harbor-calc")
   d2 = d.rename(tmp_path / "prune-probe")
   old = build_task_image(docker_client, load_task(d2))
@@ -119,7 +119,7 @@ def test_tb1_parser_other_than_pytest_is_refused(tmp_path):
 
 
 def test_build_ca_bundle_reaches_every_build_stage(tmp_path):
-  from rsi_jax.env.sandbox import CA_IN_CONTEXT, CA_IN_IMAGE, with_build_ca
+  from rsi_jax.env.images import CA_IN_CONTEXT, CA_IN_IMAGE, with_build_ca
   text = with_build_ca("FROM rsi-base AS a\nRUN pip download six\nFROM a\nRUN true\n", "ab" * 32)
   lines = text.splitlines()
   assert lines[0] == "# rsi_jax: build CA bundle sha256:" + "ab" * 32
@@ -133,7 +133,7 @@ def test_build_ca_bundle_reaches_every_build_stage(tmp_path):
 def test_build_reaches_the_package_registry(tmp_path, docker_client, settings):
   """A Dockerfile that pip-installs at build time builds with env.build_network=host through the host's CA
   bundle (behind a TLS-inspecting proxy the build fails without it)."""
-  from rsi_jax.env.sandbox import build_task_image, host_ca_bundle
+  from rsi_jax.env.images import build_task_image, host_ca_bundle
   d = _copy(tmp_path)
   (d / "environment" / "Dockerfile").write_text(
       "FROM rsi-base\nWORKDIR /app\nCOPY input.txt /app/input.txt\n"
@@ -202,7 +202,7 @@ def test_verifier_installs_offline_what_the_build_fetched(tmp_path, docker_clien
   the task is refused as an infrastructure failure naming what it fetches (not a silent 0)."""
   import dataclasses
 
-  from rsi_jax.env.sandbox import host_ca_bundle
+  from rsi_jax.env.images import host_ca_bundle
   d = _copy(tmp_path)
   script = (d / "tests" / "test.sh").read_text()
   (d / "tests" / "test.sh").write_text(script.replace(

@@ -86,7 +86,7 @@ def test_requirement_files_are_found_where_the_script_reads_them(tmp_path):
 
 
 def _registry_reachable() -> bool:
-  from rsi_jax.env.sandbox import host_ca_bundle
+  from rsi_jax.env.images import host_ca_bundle
   try:
     ctx = ssl.create_default_context(cafile=host_ca_bundle())
     urllib.request.urlopen("https://pypi.org/simple/uv/", timeout=15, context=ctx).close()
@@ -142,8 +142,9 @@ def test_uv_commands_are_replayed_where_they_run(tmp_path, docker_client, settin
   dependencies in the image. A command that fails there (`uv sync` with no project in the image's working
   directory) would fail offline at test time too: the build fails, naming it."""
   from rsi_jax.env.harness import OracleHarness
+  from rsi_jax.env.images import build_task_image
   from rsi_jax.env.pool import run_episode
-  from rsi_jax.env.sandbox import BUILD_FAILED, SandboxError, build_task_image
+  from rsi_jax.env.sandbox import BUILD_FAILED, SandboxError
   uv = "#!/bin/bash\ncurl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh\nsource $HOME/.local/bin/env\n"
   test = "import six\n\ndef test_six():\n  assert six.__version__ == '1.16.0'\n"
   t = _tb1(tmp_path, uv + "cd /opt/proj && uv sync\nuv run pytest $TEST_DIR/test_outputs.py -rA\n",

@@ -14,7 +14,7 @@ import pytest
 
 from rsi_jax.env.harness import OracleHarness
 from rsi_jax.env.pool import ABORTED, EnvPool, EnvSettings
-from rsi_jax.env.sandbox import LABEL_RUN
+from rsi_jax.env.reaper import LABEL_RUN
 from rsi_jax.env.tasks import load_task
 from rsi_jax.env.rollouts import collect
 from tests.env.conftest import FIXTURES

@@ -16,7 +16,8 @@ import pytest
 
 from rsi_jax.env.harness import OracleHarness
 from rsi_jax.env.pool import AllEndpointsDown, EnvPool, EnvSettings
-from rsi_jax.env.sandbox import BUILD_FAILED, LABEL_RUN
+from rsi_jax.env.reaper import LABEL_RUN
+from rsi_jax.env.sandbox import BUILD_FAILED
 from rsi_jax.env.tasks import load_task
 from tests.env.conftest import FIXTURES
 

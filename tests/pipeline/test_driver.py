@@ -167,7 +167,7 @@ def test_plots_are_pngs(run):
 
 def test_no_container_left(run, docker_client):
   """None of this run's containers (run id ``<run.name>-<hex>``) is left; other runs on the host may have some."""
-  from rsi_jax.env.sandbox import LABEL_RUN
+  from rsi_jax.env.reaper import LABEL_RUN
   cfg, _, _ = run
   left = [c.name for c in docker_client.containers.list(all=True, filters={"label": LABEL_RUN})
           if c.labels.get(LABEL_RUN, "").rsplit("-", 1)[0] == cfg.run.name]

@@ -168,7 +168,7 @@ def _eval_records(run_dir: Path) -> list[tuple]:
 
 def _containers(client, run_name: str) -> list:
   """Containers of runs named ``run_name`` ("" = any run of this module)."""
-  from rsi_jax.env.sandbox import LABEL_RUN
+  from rsi_jax.env.reaper import LABEL_RUN
   return [x for x in client.containers.list(all=True, filters={"label": LABEL_RUN}, ignore_removed=True)
           if x.labels.get(LABEL_RUN, "").rsplit("-", 1)[0] in ((run_name,) if run_name else ("a", "b", "c", "d"))]
 
