@@ -6,9 +6,9 @@
 #   bash scripts/build_base_image.sh [SPEC ...]     SPEC = SUITE or SUITE-build, or `all`; default: bookworm
 #
 # Suites: bookworm, trixie (Debian 12, 13), jammy, noble (Ubuntu 22.04, 24.04). A `-build` image adds what
-# `buildpack-deps` has (compilers, headers, git, ...). Names (rsi_jax.env.tasks.family_image):
+# `buildpack-deps` has (compilers, headers, git, ...). Names (rsi_jax.env.dockerfiles.family_image):
 #   bookworm -> rsi-base, SUITE -> rsi-base-SUITE, SUITE-build -> rsi-base-SUITE-build
-# Upstream base images are mapped onto these (rsi_jax.env.tasks.DEFAULT_IMAGE_MAP: ubuntu:24.04 -> noble,
+# Upstream base images are mapped onto these (rsi_jax.env.dockerfiles.DEFAULT_IMAGE_MAP: ubuntu:24.04 -> noble,
 # python:3.13 -> trixie, buildpack-deps:jammy -> jammy-build, ...); a run warns and names the command for any
 # mapped image that is not built yet.
 # Each image is cached by a content tag: NAME:<hash of its recipe>; an unchanged recipe is skipped (quietly),

@@ -22,9 +22,10 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from rsi_jax.env.dockerfiles import _FROM, rewrite_dockerfile
 from rsi_jax.env.reaper import LABEL_TASK
 from rsi_jax.env.sandbox import BUILD_FAILED, DOCKER_ERROR, SandboxError
-from rsi_jax.env.tasks import _FROM, Task, rewrite_dockerfile
+from rsi_jax.env.tasks import Task
 
 log = logging.getLogger(__name__)
 

@@ -29,11 +29,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from rsi_jax.env.dockerfiles import effective_image_map
 from rsi_jax.env.harness import AgentRun, Harness, Segment, Turn
 from rsi_jax.env.images import build_task_image, host_ca_bundle
 from rsi_jax.env.reaper import LABEL_HOST, LABEL_PID, LABEL_RUN, install_signal_handlers, reap_orphans
 from rsi_jax.env.sandbox import CREATE_FAILED, DOCKER_ERROR, DockerSandbox, SandboxError, docker_client
-from rsi_jax.env.tasks import Task, effective_image_map, parse_memory
+from rsi_jax.env.tasks import Task, parse_memory
 from rsi_jax.env.verifier import NEEDS_NETWORK, VerifierRun, verify
 from rsi_jax.rl.ctrf import VerificationOutcome, verification_outcome
 
@@ -573,9 +574,9 @@ class EnvPool:
     """Warn (once, before any build) about every ``FROM`` a build cannot satisfy as written: an image neither
     available on an endpoint nor mapped by ``env.image_map`` (its build will fail), or one whose family image
     is not built (the base image stands in; the warning names the command that builds it). Returns
-    {task: [lines]} (:func:`rsi_jax.env.tasks.base_image_problems`)."""
+    {task: [lines]} (:func:`rsi_jax.env.dockerfiles.base_image_problems`)."""
+    from rsi_jax.env.dockerfiles import base_image_problems
     from rsi_jax.env.images import _image_exists
-    from rsi_jax.env.tasks import base_image_problems
     out: dict = {}
     for c in self._live_clients().values():
       for name, lines in base_image_problems(list(tasks), self.settings.image_map,

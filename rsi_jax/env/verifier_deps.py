@@ -35,7 +35,7 @@ import re
 import shlex
 from pathlib import Path
 
-from rsi_jax.env.tasks import dockerfile_layout
+from rsi_jax.env.dockerfiles import dockerfile_layout
 
 WHEELHOUSE = "/opt/rsi-verifier-wheels"
 TOOLS = "/opt/rsi-verifier-tools"

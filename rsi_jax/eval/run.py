@@ -271,7 +271,8 @@ def suite_tasks(cfg: Config, tasks_dir: str, task_names=(), *, harness: str | No
   the ``oracle`` harness, a task without a reference solution), or with ``strict`` stops the evaluation
   (:class:`~rsi_jax.env.tasks.TaskError`)."""
   from rsi_jax.env.harness import HARNESSES
-  from rsi_jax.env.tasks import TaskError, image_check, load_suite
+  from rsi_jax.env.dockerfiles import image_check
+  from rsi_jax.env.tasks import TaskError, load_suite
   from rsi_jax.eval.strata import suite_strata
   from rsi_jax.env.rollouts import pick_tasks
   images = image_check(pool.settings.image_map, image_presence(pool)) if pool is not None else None

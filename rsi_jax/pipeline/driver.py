@@ -582,7 +582,7 @@ class Driver:
   def _task_pools(self, plan, env_pool) -> tuple[dict, dict]:
     """Every phase's task pool, {pool_key: tasks} (a phase may set its own env.tasks_dir / env.max_tasks), and
     {tasks_dir: refused folders}; base images are checked against ``env_pool``'s Docker endpoints."""
-    from rsi_jax.env.tasks import image_check
+    from rsi_jax.env.dockerfiles import image_check
     from rsi_jax.eval.run import image_presence
     images = image_check(env_pool.settings.image_map, image_presence(env_pool))
     pools, refused = {}, {}

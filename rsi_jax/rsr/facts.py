@@ -13,7 +13,8 @@ import dataclasses
 import re
 from pathlib import Path
 
-from rsi_jax.env.tasks import Task, dockerfile_layout
+from rsi_jax.env.dockerfiles import dockerfile_layout
+from rsi_jax.env.tasks import Task
 from rsi_jax.rsr.shellwords import join_path
 
 SOLUTION_NAMES = ("solve.sh", "solution.sh")

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from rsi_jax.env.tasks import (TaskError, effective_image_map, image_check, load_suite, load_task, load_tasks,
-                               resolve_base_image)
+from rsi_jax.env.dockerfiles import effective_image_map, image_check, resolve_base_image
+from rsi_jax.env.tasks import TaskError, load_suite, load_task, load_tasks
 
 from .conftest import FIXTURES
 

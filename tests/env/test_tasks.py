@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from rsi_jax.env.tasks import (LAYOUT_HARBOR, LAYOUT_TB1, TaskError, effective_image_map, load_task,
-                               load_tasks, parse_memory, rewrite_dockerfile)
+from rsi_jax.env.dockerfiles import effective_image_map, rewrite_dockerfile
+from rsi_jax.env.tasks import LAYOUT_HARBOR, LAYOUT_TB1, TaskError, load_task, load_tasks, parse_memory
 
 from .conftest import FIXTURES, REPO
 
@@ -147,7 +147,7 @@ def test_image_map_rewrites_only_missing_images(caplog):
 def test_upstream_images_map_to_the_matching_family(ref, family):
   """Each upstream image meets the family image of its release / Python version (built: used); a family image
   that is not built falls back to the base image, and the run start names the command that builds it."""
-  from rsi_jax.env.tasks import family_spec, resolve_base_image
+  from rsi_jax.env.dockerfiles import family_spec, resolve_base_image
   m = effective_image_map({}, "rsi-base")
   assert resolve_base_image(ref, m, lambda n: n in (family, "rsi-base")) == family
   assert resolve_base_image(ref, m, lambda n: n == "rsi-base") == "rsi-base"
@@ -157,7 +157,7 @@ def test_upstream_images_map_to_the_matching_family(ref, family):
 
 def test_family_names_match_the_build_script():
   """The names the map uses are the ones scripts/build_base_image.sh gives (SPEC -> image and back)."""
-  from rsi_jax.env.tasks import family_image, family_spec
+  from rsi_jax.env.dockerfiles import family_image, family_spec
   script = (REPO / "scripts" / "build_base_image.sh").read_text()
   specs = re.search(r'all_specs="([^"]+)"', script).group(1).split()
   assert len(specs) == 8
@@ -177,7 +177,7 @@ def test_family_names_match_the_build_script():
     ("localhost:5000/img", "localhost:5000/img:latest"),
 ])
 def test_references_of_official_images_are_mapped(ref, short):
-  from rsi_jax.env.tasks import canonical_image, resolve_base_image
+  from rsi_jax.env.dockerfiles import canonical_image, resolve_base_image
   assert canonical_image(ref) == short
   m = effective_image_map({}, "rsi-base")
   want = "rsi-base" if short.split(":")[0] in ("ubuntu", "debian", "python") or "laude" in ref else ref
@@ -185,7 +185,7 @@ def test_references_of_official_images_are_mapped(ref, short):
 
 
 def test_base_image_problems_are_named(tmp_path):
-  from rsi_jax.env.tasks import base_image_problems
+  from rsi_jax.env.dockerfiles import base_image_problems
   d = _copy(tmp_path)
   (d / "environment" / "Dockerfile").write_text(
       "FROM ubuntu AS b\nFROM b\nFROM ${BASE}\nFROM node:20\nFROM quay.io/x/y:1\nFROM debian:12\n")
