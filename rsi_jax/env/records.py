@@ -37,7 +37,8 @@ def episode_to_json(res) -> dict:
   d["outcome"] = {"state": o.state.value, "success": o.success, "terminal_reward": o.terminal_reward,
                   "exit_code": o.exit_code, "reason": o.reason,
                   "report": None if o.report is None else {**dataclasses.asdict(o.report),
-                                                           "warnings": list(o.report.warnings)}}
+                                                           "warnings": list(o.report.warnings),
+                                                           "checks": [list(c) for c in o.report.checks]}}
   d["turns"] = [_plain(t, _TURN_ARRAYS) for t in res.turns]
   d["segments"] = [_plain(s, _SEGMENT_ARRAYS) for s in res.segments]
   return d
@@ -49,7 +50,8 @@ def episode_from_json(d: dict):
   d = dict(d)
   o = dict(d.pop("outcome"))
   rep = o.pop("report")
-  report = None if rep is None else CTRFReport(**{**rep, "warnings": tuple(rep["warnings"])})
+  report = None if rep is None else CTRFReport(**{**rep, "warnings": tuple(rep["warnings"]),
+                                                  "checks": tuple(tuple(c) for c in rep.get("checks", ()))})
   outcome = VerificationOutcome(VerificationState(o.pop("state")), report=report, **o)
   turns = [_typed(Turn, t, _TURN_ARRAYS) for t in d.pop("turns")]
   segments = [_typed(Segment, s, _SEGMENT_ARRAYS) for s in d.pop("segments")]

@@ -50,6 +50,8 @@ class EvalReport:
   info: dict = dataclasses.field(default_factory=dict)  # suite, harness, checkpoint, sampling, ...
   refused: list = dataclasses.field(default_factory=list)  # [{"task", "reason"}]: folders of the suite not run
   notes: list = dataclasses.field(default_factory=list)  # what the loading adjusted (a task named twice)
+  # the attempts' transcripts (rsi_jax.env.transcripts records, in the order of ``episodes``): episodes.jsonl.gz
+  transcripts: list = dataclasses.field(default_factory=list, repr=False)
 
   def infra_by_task(self) -> dict[str, dict[str, int]]:
     """{task: {failure kind: attempts}} of the attempts that stayed infrastructure failures."""
@@ -109,10 +111,13 @@ class EvalReport:
     return m
 
   def write(self, output_dir: str | Path) -> Path:
-    """``summary.json`` and ``attempts.jsonl`` into ``output_dir`` (created; a local folder or an object-store
-    URL)."""
+    """``summary.json``, ``attempts.jsonl`` and the attempts' transcripts ``episodes.jsonl.gz`` into
+    ``output_dir`` (created; a local folder or an object-store URL)."""
+    from rsi_jax.env.transcripts import TranscriptWriter
     d = epath.Path(output_dir)
     d.mkdir(parents=True, exist_ok=True)
+    if self.transcripts:
+      TranscriptWriter(d, background=False).write("episodes", self.transcripts)
     (d / "attempts.jsonl").write_text("".join(json.dumps(e, default=str) + "\n" for e in self.episodes))
     (d / "summary.json").write_text(json.dumps(self.summary(), indent=1, default=str) + "\n")
     return d
@@ -187,7 +192,7 @@ def _action(turn) -> str:
 
 
 def evaluate(pool, tasks, harness_factory, repeats: int, *, infra_retries: int = 0, strata: dict | None = None,
-             info: dict | None = None, stop=None, abort=None) -> EvalReport:
+             info: dict | None = None, stop=None, abort=None, output_cap_bytes: int | None = None) -> EvalReport:
   """Run every task ``repeats`` times concurrently in ``pool`` (an attempt that is an infrastructure failure
   runs again, up to ``infra_retries`` times) and score the attempts. ``stop``: a stop notice
   (:mod:`rsi_jax.stop`); once it is there, ``abort`` (the switch the attempts' containers and, through the
@@ -206,7 +211,7 @@ def evaluate(pool, tasks, harness_factory, repeats: int, *, infra_retries: int =
              for i, t in enumerate(tasks) for r in range(repeats)}
   scores = np.full((len(tasks), repeats), np.nan)
   fractions = np.full((len(tasks), repeats), np.nan)
-  infra, retries, records = 0, 0, {}
+  infra, retries, records, transcripts = 0, 0, {}, {}
   while pending:
     if stop is not None and stop.requested:
       abort_all([f for f, _ in pending.values()], [abort])
@@ -223,6 +228,7 @@ def evaluate(pool, tasks, harness_factory, repeats: int, *, infra_retries: int =
         pending[key] = (pool.submit(tasks[i], harness_factory, abort=abort), tries + 1)
         continue
       records[key] = _attempt_record(res, tasks[i], r, tries)
+      transcripts[key] = _transcript(res, tasks[i], r, tries, output_cap_bytes)
       o = res.outcome
       if res.infra_failure:
         infra += 1
@@ -234,7 +240,13 @@ def evaluate(pool, tasks, harness_factory, repeats: int, *, infra_retries: int =
       time.sleep(0.05)
   return EvalReport([t.name for t in tasks], [t.difficulty for t in tasks], scores, fractions, infra,
                     [records[k] for k in sorted(records)], [t.family for t in tasks], strata or {}, retries,
-                    dict(info or {}))
+                    dict(info or {}), transcripts=[transcripts[k] for k in sorted(transcripts)])
+
+
+def _transcript(res, task, run: int, tries: int, output_cap_bytes) -> dict:
+  from rsi_jax.env.transcripts import episode_record
+  return episode_record(res, index=run, instruction=task.instruction, output_cap_bytes=output_cap_bytes,
+                        extra={"run": run, "tries": tries, "difficulty": task.difficulty})
 
 
 def eval_sampling(cfg: Config) -> SamplingParams:
@@ -324,7 +336,7 @@ def evaluate_policy(cfg: Config, pool, tasks, policy, renderer, *, strata=None, 
   repeats = repeats or cfg.eval.repeats
   if tasks:
     rep = evaluate(pool, tasks, factory, repeats, infra_retries=cfg.eval.infra_retries, strata=strata, info=info,
-                   stop=stop, abort=abort)
+                   stop=stop, abort=abort, output_cap_bytes=cfg.env.output_cap_bytes)
   else:
     rep = EvalReport([], [], np.zeros((0, repeats)), np.zeros((0, repeats)), 0, strata=strata or {}, info=info)
   rep.refused, rep.notes = list(refused), list(notes)

@@ -745,6 +745,7 @@ class Driver:
         except (StopRequested, AllEndpointsDown) as e:  # mid-step: keep the steps that completed, then stop
           if i > saved:
             ckpts.save(i, full(state.train), meta())
+            phase.flush()  # the step files of what is checkpointed are on storage first
           ckpts.wait()
           if isinstance(e, AllEndpointsDown):
             raise
@@ -755,6 +756,7 @@ class Driver:
         preempt = stop.now()
         if (i + 1) % cfg.pipeline.checkpoint_every == 0 or i + 1 == n or preempt:
           ckpts.save(i + 1, full(state.train), meta())
+          phase.flush()  # the step files of what is checkpointed are on storage first
           saved = i + 1
         if self.on_step is not None:
           self.on_step(spec.name, i + 1, m)
@@ -767,10 +769,12 @@ class Driver:
           except Preempted:  # the rerun resumes after this step and evaluates it again
             if i + 1 > saved:
               ckpts.save(i + 1, full(state.train), meta())
+              phase.flush()  # the step files of what is checkpointed are on storage first
             ckpts.wait()
             raise
       if n == 0 and ckpts.latest_step() is None:  # nothing to train on: the phase's output is its input
         ckpts.save(0, full(state.train), meta())
+        phase.flush()  # the step files of what is checkpointed are on storage first
       ckpts.wait()
     finally:
       self.console.close_bar()

@@ -117,6 +117,10 @@ class Phase:
   def close(self) -> None:
     """Stop whatever the phase still has running (the driver calls it when the phase ends or fails)."""
 
+  def flush(self) -> None:
+    """Wait until what the phase writes off the step's path (transcripts) is on storage: the driver calls it
+    before each checkpoint, so a resumed run has every checkpointed step's files."""
+
   def optimizers(self) -> dict:
     raise NotImplementedError
 
@@ -296,6 +300,8 @@ class RolloutPhase(Phase):
     self.trainer = RPRTrainer(self.cfg, self.ctx.actor, self.ctx.critic)
     self.table = None  # set by setup: frozen for the phase
     self.outcomes = epath.Path(self.workdir) / "outcomes.jsonl"
+    from rsi_jax.env.transcripts import TranscriptWriter
+    self.transcripts = TranscriptWriter(epath.Path(self.workdir) / "episodes")
     r = self.cfg.rollout
     self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                    max_new_tokens=r.max_new_tokens)
@@ -320,6 +326,7 @@ class RolloutPhase(Phase):
     """The first process's part of the setup: the phase's reward table, and the outcome records of the steps
     about to be redone dropped (resuming)."""
     table = self._reward_table()
+    self.transcripts.remove_after(step)  # the steps about to be redone write theirs again
     if self.outcomes.exists():
       rows = read_jsonl(self.outcomes)
       self.outcomes.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
@@ -408,6 +415,16 @@ class RolloutPhase(Phase):
 
     return self._executor.submit(run), [ev for _, _, ev in jobs]
 
+  def _keep_transcripts(self, state, i: int, eps, rewards, ok, targets):
+    """Queue step ``i``'s transcripts (``run.keep_transcripts`` picks the episodes, a sample drawn from the
+    step's seed) as ``episodes/<step>.jsonl.gz``."""
+    from rsi_jax.env.transcripts import select
+    keep = select(eps, self.cfg.run.keep_transcripts, derive_seed(state.seed, "transcripts", i))
+    trained = [bool(k) for k in ok]
+    cfg, tasks, table = self.cfg, self.ctx.tasks_for(self.cfg), self.table
+    self.transcripts.write(i + 1, build=lambda: _transcripts(cfg, tasks, table, eps, rewards, trained, targets,
+                                                             keep))
+
   def _sampler_delta(self) -> dict:
     """The samplers' prompt work since the previous step, summed over every process's sampler: tokens
     prefilled, tokens whose keys came from the prefix cache (the episode's earlier turns) and the reused share."""
@@ -428,7 +445,16 @@ class RolloutPhase(Phase):
     st = getattr(self.ctx.sampler, "stats", None)
     return (st.prefill_tokens, st.reused_tokens) if st is not None else (0, 0)
 
+  def flush(self):
+    self.transcripts.flush()
+
   def close(self):
+    try:
+      self.transcripts.close()  # what the steps queued is written, also when the phase stops early
+    finally:
+      self._close_rollouts()
+
+  def _close_rollouts(self):
     if getattr(self, "_ahead", None) is not None:  # stopped early (preemption, an error): abort the next step's
       _, fut, events = self._ahead
       for ev in events:
@@ -488,6 +514,8 @@ class RolloutPhase(Phase):
       ctx.serve(train.actor, wait=self._ahead is None)  # async: in-flight episodes finish on the old weights
     t_train = time.time() - t1
     gen_tokens = sum(e.generated_tokens for e in eps)
+    if multihost.is_primary():  # built and written on the writer's thread, off the step's path
+      self._keep_transcripts(state, i, eps, rewards, ok, self.trainer.last_targets)
     valid = mask > 0
     m.update(  # reward and success over the episodes trained on (scored and fresh enough)
         train_actor=int(train_actor), reward_mean=_mean(rewards[ok]), success_mean=_mean(
@@ -507,6 +535,22 @@ class RolloutPhase(Phase):
 def pool_key(cfg) -> tuple:
   """Which task pool a (phase) config draws from."""
   return cfg.env.tasks_dir, cfg.env.max_tasks
+
+def _transcripts(cfg, tasks, table, eps, rewards, trained, targets, keep) -> list[dict]:
+  """The records of a rollout step's kept episodes (``keep``: their indices), with each turn's critic value and
+  TB-GAE advantage from the step's ``targets``."""
+  from rsi_jax.env.transcripts import boundary_values, episode_record
+  vals = boundary_values(eps, targets["old_values"], targets["advantages"], trained)
+  by_name = {t.name: t for t in tasks}
+  out = []
+  for j in keep:
+    e = eps[j]
+    task = by_name.get(e.task)
+    out.append(episode_record(e, index=j, reward=float(rewards[j]), divisor=float(table.divisor(e.family)),
+                              values=vals[j], instruction=task.instruction if task is not None else None,
+                              output_cap_bytes=cfg.env.output_cap_bytes))
+  return out
+
 
 
 def funnel_tasks(pool, families, max_tasks: int, phase: str) -> list:

@@ -230,6 +230,8 @@ class RPRTrainer:
     # one sample per minibatch, rather than stopping the run
     minibatches = min(rl.minibatches, len(trainable)) or rl.minibatches
     ev = prep.pop("explained_variance")
+    # the step's per-token critic values and TB-GAE advantages (sample layout), for its transcripts
+    self.last_targets = {"old_values": np.asarray(prep["old_values"]), "advantages": np.asarray(prep["advantages"])}
     packing = {k: prep.pop(k) for k in list(prep) if k.startswith("packing/")}
     sample_arrays = {"tokens": batch.tokens, "gen_mask": batch.gen_mask, **prep}
     lengths = batch.segment_ids.sum(1)

@@ -77,6 +77,8 @@ class CTRFReport:
   reason: str = ""  # why the report is invalid; "" when valid
   dialect: str = ""  # "camelCase" (CTRF spec), "snake_case" (older pytest-json-ctrf) or "" (cannot tell)
   warnings: tuple = ()  # non-fatal oddities, e.g. the summary disagreeing with the test list
+  # every entry of the report, in order: (name, status, is a hygiene check); kept for transcripts
+  checks: tuple = ()
 
   @property
   def total(self) -> int:
@@ -174,7 +176,7 @@ def _count(data, patterns) -> CTRFReport:
 
   dialect = _dialect(data, tests)
   counts = dict.fromkeys(("passed", "failed", "skipped", "other", "hygiene_passed", "hygiene_total"), 0)
-  warnings = []
+  warnings, checks = [], []
   for i, t in enumerate(tests):
     if not isinstance(t, Mapping):
       return CTRFReport.invalid(f"results.tests[{i}] is not an object", dialect=dialect)
@@ -187,7 +189,9 @@ def _count(data, patterns) -> CTRFReport:
     if status not in CTRF_STATUSES:
       warnings.append(f"{name}: unknown status {status!r} counted as 'other'")
       status = "other"
-    if any(p.search(name) for p in patterns):
+    hygiene = any(p.search(name) for p in patterns)
+    checks.append((name, status, hygiene))
+    if hygiene:
       counts["hygiene_total"] += 1
       counts["hygiene_passed"] += status == "passed"
       continue
@@ -198,7 +202,7 @@ def _count(data, patterns) -> CTRFReport:
   if isinstance(summary, Mapping) and isinstance(summary.get("tests"), int) and summary["tests"] != len(tests):
     warnings.append(f"summary.tests = {summary['tests']} but results.tests has {len(tests)} entries")
 
-  kw = dict(counts, dialect=dialect, warnings=tuple(warnings))
+  kw = dict(counts, dialect=dialect, warnings=tuple(warnings), checks=tuple(checks))
   n = counts["passed"] + counts["failed"] + counts["skipped"] + counts["other"]
   if not tests:
     return CTRFReport.invalid("CTRF report has 0 tests (collection error or no tests ran)", **kw)

@@ -154,7 +154,9 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
       t, make_harness(h, policy_for(("discover", t.name, h, a)), renderer, sampling, env_cfg=cfg.env), abort=abort),
       episode_to_json, episode_from_json) for j, (t, h, a) in enumerate(jobs)]
   discovered, outcomes = [], []
-  for (t, h, _), res in zip(jobs, wait_all(futs, stop, aborts)):
+  results = wait_all(futs, stop, aborts)
+  _keep_stage(workdir, cfg, "discovery", [(t, res, {"attempt": a}) for (t, h, a), res in zip(jobs, results)])
+  for (t, h, _), res in zip(jobs, results):
     outcomes.append(outcome_row(0, res))  # the verifier's reports: FDR calibration of later rollout phases
     counts.add("attempted", t.family, h)
     if res.infra_failure:
@@ -218,7 +220,10 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
       ex_jobs.append((rb_id, t, h, m, harness,
                       start("execution", len(ex_jobs), run, episode_to_json, episode_from_json)))
   episodes, records, executions = [], [], []
-  for (rb_id, t, h, m, harness, _), res in zip(ex_jobs, wait_all([j[-1] for j in ex_jobs], stop, aborts)):
+  results = wait_all([j[-1] for j in ex_jobs], stop, aborts)
+  _keep_stage(workdir, cfg, "execution", [(t, res, {"runbook": rb_id, "repeat": m, "discovery_harness": h})
+                                          for (rb_id, t, h, m, _, _), res in zip(ex_jobs, results)])
+  for (rb_id, t, h, m, harness, _), res in zip(ex_jobs, results):
     counts.add("executed", t.family, h)
     row = {"task": t.name, "runbook": rb_id, "repeat": m, "episode_id": res.episode_id,
            "success": res.success, "failure_kind": res.failure_kind, "leakage": []}
@@ -249,6 +254,17 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
 
   return _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episodes, records, runbooks,
                  executions, outcomes, progress)
+
+
+def _keep_stage(workdir, cfg, stage: str, items):
+  """A stage's episodes ((task, result, extra fields) each) as ``<workdir>/episodes/<stage>.jsonl.gz``: every
+  one of them (the funnel's view reads discovery -> runbooks -> executions from these)."""
+  if workdir is None:
+    return
+  from rsi_jax.env.transcripts import TranscriptWriter, episode_record
+  TranscriptWriter(epath.Path(workdir) / "episodes", background=False).write(stage, [
+      episode_record(res, index=j, instruction=t.instruction, output_cap_bytes=cfg.env.output_cap_bytes,
+                     extra={"stage": stage, **extra}) for j, (t, res, extra) in enumerate(items)])
 
 
 def _not_aborted(res) -> bool:
