@@ -122,7 +122,7 @@ def test_image_map_rewrites_only_missing_images(caplog):
   m = effective_image_map({"node:*": "rsi-base"}, "rsi-base")
   text = ("FROM ubuntu:24.04 AS build\nRUN true\nFROM build\nFROM --platform=linux/amd64 python:3.12-slim\n"
           "from mylocal:1\nFROM node:20\nFROM alpine:3\n")
-  with caplog.at_level(logging.INFO, logger="rsi_jax.env.tasks"):
+  with caplog.at_level(logging.INFO, logger="rsi_jax.env.dockerfiles"):
     new, changes = rewrite_dockerfile(text, m, lambda n: n in local)
   assert new.splitlines() == ["FROM rsi-base-noble AS build", "RUN true", "FROM build",
                               "FROM --platform=linux/amd64 rsi-base-noble", "from mylocal:1", "FROM rsi-base",

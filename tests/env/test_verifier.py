@@ -10,7 +10,8 @@ import pytest
 from rsi_jax.env.harness import JsonHarness, OracleHarness, ScriptedPolicy
 from rsi_jax.env.pool import run_episode
 from rsi_jax.env.sandbox import VERIFIER_TIMEOUT
-from rsi_jax.env.verifier import pytest_summary, tampered_paths
+from rsi_jax.env.tamper import tampered_paths
+from rsi_jax.env.verifier import pytest_summary
 from rsi_jax.policy import SamplingParams
 from rsi_jax.rl.ctrf import VerificationState
 
