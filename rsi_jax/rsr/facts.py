@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rsi_jax.env.dockerfiles import dockerfile_layout
 from rsi_jax.env.tasks import Task
-from rsi_jax.rsr.shellwords import join_path
+from rsi_jax.rsr.shellwords import commands, join_path, simple_commands
 
 SOLUTION_NAMES = ("solve.sh", "solution.sh")
 SYSTEM_PREFIXES = ("/usr/", "/bin/", "/sbin/", "/lib", "/etc/", "/proc/", "/dev/", "/sys/", "/tmp/", "/var/",
@@ -36,6 +36,7 @@ class TaskFacts:
   test_literals: tuple[str, ...]  # values in the tests that the public world does not contain
   solution_names: frozenset[str]
   test_script: str
+  programs: frozenset[str] = frozenset()  # names the task makes known as commands (see _task_programs)
 
 
 _FACTS: dict[tuple[str, float], TaskFacts] = {}
@@ -94,7 +95,25 @@ def _task_facts(task: Task) -> TaskFacts:
     sol_names |= {p.name for p in sol.parent.iterdir() if p.is_file()} if sol.name == "solve.sh" else {sol.name}
   return TaskFacts(task.instruction, public_text, frozenset(with_parents), public_names, workdir,
                    frozenset(p.name for p in test_files) - public_names, tuple(literals),
-                   frozenset(sol_names - public_names), task.test_script)
+                   frozenset(sol_names - public_names), task.test_script,
+                   _task_programs(task.instruction, dockerfile, public_names))
+
+
+def _task_programs(instruction: str, dockerfile: str, public_names: frozenset[str]) -> frozenset[str]:
+  """Names a runbook for this task may run as commands beyond the common ones: the public scripts (``.sh``,
+  ``.py``, ... files the environment ships), the programs the instruction's code runs (a script such as
+  ``/app/retry.sh 3 0 cmd``, or a name given options such as ``mytool --check``; not every code span's first
+  word, which is often a value), and the packages the Dockerfile installs (``apt-get install -y jq``: a
+  package's name is usually its program's)."""
+  script = re.compile(r"[\w.\-]+\.(sh|bash|py|pl|rb|js)")
+  named = {Path(words[0]).name for c in commands(instruction) for words in simple_commands(c)
+           if script.fullmatch(Path(words[0]).name) or any(w.startswith("-") for w in words[1:])}
+  for line in re.findall(r"^\s*RUN\b(.*)$", dockerfile.replace("\\\n", " "), re.MULTILINE | re.IGNORECASE):
+    for words in simple_commands(line):
+      if "install" in words:
+        named |= {w for w in words[words.index("install") + 1:] if not w.startswith("-")}
+  return frozenset({n for n in public_names if script.fullmatch(n)}
+                   | {n for n in named if re.fullmatch(r"[a-z][\w.+\-]*", n)})
 
 
 def _read_text(p: Path, limit: int = 1 << 20) -> str:

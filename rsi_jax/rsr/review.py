@@ -1,16 +1,18 @@
 """Judges runbooks and trajectories: the review gate q(x, b) and the leakage screen q_leak(τ) (§2.1, SPEC §5).
 
 :func:`review` sees only what is public about a task (mined by :mod:`rsi_jax.rsr.facts`) — its instruction
-and its environment (the build context and the Dockerfile) — and the runbook. It is rule-based and deterministic; every failed rule adds a
-reason code (``schema``, ``artifact``, ``compatibility``, ``leakage:<kind>``) and a human-readable detail:
+and its environment (the build context and the Dockerfile) — and the runbook. It is rule-based and
+deterministic; every failed rule adds a reason code (``schema``, ``artifact``, ``compatibility``,
+``leakage:<kind>``) and a human-readable detail:
 
 * **schema** — Markdown with the sections ``## Goal``, ``## Steps``, ``## Checks``, none empty, at least one
   step;
 * **artifact** — every file the steps read exists in the public world (the environment's files where the
   Dockerfile puts them, paths the instruction or Dockerfile names, system paths) or is written by an
   earlier step;
-* **compatibility** — the steps are shell commands the target harness can issue: at least one command, no
-  interactive programs (editors, pagers, REPLs), nothing that needs the network the sandbox does not have;
+* **compatibility** — the steps are shell commands the target harness can issue (in code or as bare command
+  lines such as ``1. cd /app``): at least one command, no interactive programs (editors, pagers, REPLs),
+  nothing that needs the network the sandbox does not have;
 * **leakage** — ``leakage:test_file`` (names of the task's test files), ``leakage:verifier_path``
   (``/tests``, ``/logs/verifier``, reward files, the verifier's script), ``leakage:answer`` (a literal value
   from the task's tests that appears nowhere in its public instruction or environment: a hard-coded answer),
@@ -176,12 +178,12 @@ def rule_findings(task: Task, runbook: str, *, network: bool = False) -> list[tu
     elif not secs[s].strip():
       found.append(("schema", f"section ## {s} is empty"))
   steps = secs.get("Steps", "")
-  cmds = commands(steps)
+  cmds = commands(steps, facts.programs)
   if "Steps" in secs and not re.search(r"^\s*([-*+]|\d+[.)])\s+\S", steps, re.MULTILINE) and not cmds:
     found.append(("schema", "## Steps lists no step"))
   if "Steps" in secs and not cmds:
     found.append(("compatibility", "no step gives a shell command"))
-  all_cmds = cmds + commands(secs.get("Checks", ""))
+  all_cmds = cmds + commands(secs.get("Checks", ""), facts.programs)
   found += _compat_findings(all_cmds, network)
   found += _artifact_findings(all_cmds, facts)
   # leakage

@@ -186,3 +186,61 @@ def test_parse_runbook_and_templates():
     plan.render(instruction="x")
   with pytest.raises(FileNotFoundError, match="nope.md"):
     load_template("configs/rsr/nope.md")
+
+
+BARE_STEPS = "1. cd /app\n2. tar --exclude='*.tmp' --exclude='__pycache__' -czf backup.tar.gz project"
+SPAN_STEPS = "1. `cd /app`\n2. `tar --exclude='*.tmp' --exclude='__pycache__' -czf backup.tar.gz project`"
+
+
+def test_commands_given_as_bare_lines_count_like_code():
+  # the runbook that was rejected with "no step gives a shell command": its steps are bare numbered lines
+  assert review(BACKUP, runbook(steps=BARE_STEPS)).accepted
+  assert review(BACKUP, runbook(steps=SPAN_STEPS)).accepted
+  for steps in ("- cd /app\n- tar -czf backup.tar.gz project",
+                "* $ cd /app && tar -czf backup.tar.gz project",
+                "1. Archive the project:\n   tar -czf /app/backup.tar.gz -C /app project",
+                "1) LC_ALL=C tar -czf /app/backup.tar.gz -C /app project"):
+    assert review(BACKUP, runbook(steps=steps)).accepted, steps
+  # prose that names no command is not a command, whatever word it starts with
+  for prose in ("1. Look at the files", "1. Make the archive somehow.", "1. find the project and archive it",
+                "1. tar the project folder into an archive", "- Archive the project:", "1. cat it all together"):
+    v = review(BACKUP, runbook(steps=prose))
+    assert v.reasons == ("compatibility",) and v.details == ("no step gives a shell command",), (prose, v)
+
+
+def test_every_rule_sees_bare_line_commands():
+  v = review(BACKUP, runbook(steps="1. cat /app/project/secret.cfg\n2. cd /app && tar -czf backup.tar.gz project"))
+  assert v.reasons == ("artifact",) and "/app/project/secret.cfg" in v.details[0]
+  v = review(BACKUP, runbook(steps="1. vim /app/project/README.md"))
+  assert v.reasons == ("compatibility",) and "interactive" in v.details[0]
+  v = review(BACKUP, runbook(steps="1. pip install tarfile-tools"))
+  assert v.reasons == ("compatibility",) and "network" in v.details[0]
+  # a file an earlier bare step writes may be read by a later one
+  assert review(BACKUP, runbook(steps="1. cd /app\n2. ls project > list.txt\n3. cat list.txt\n"
+                                      "4. tar -czf /app/backup.tar.gz -C /app project")).accepted
+
+
+def test_bare_line_commands_that_reach_the_tests_are_leakage_like_code_spans():
+  for cmds in (["cd /", "ls tests"], ["ls /te*"], ["cd /logs", "cat verifier/reward.txt"],
+               ["cd /app", "cat ../solution/solve.sh"], ["cat /t*/test_outputs.py"]):
+    tail = "\n9. cd /app && tar -czf backup.tar.gz project"
+    bare = review(BACKUP, runbook(steps="\n".join(f"{i + 1}. {c}" for i, c in enumerate(cmds)) + tail))
+    span = review(BACKUP, runbook(steps="\n".join(f"{i + 1}. `{c}`" for i, c in enumerate(cmds)) + tail))
+    assert any(r.startswith("leakage:") for r in bare.reasons), (cmds, bare)
+    assert bare == span, cmds
+  # a relative path is leakage only as a command: as prose it names nothing
+  v = review(BACKUP, runbook(steps="1. cd /\n2. ls tests"))
+  assert v.reasons == ("leakage:verifier_path",) and "reaches /tests" in v.details[0]
+
+
+def test_the_tasks_own_programs_are_commands():
+  retry = TASKS["shell-scripting-retry"]
+  facts = task_facts(retry)
+  assert {"retry.sh", "flaky.sh"} <= facts.programs and "attempt" not in facts.programs  # a value, not a program
+  steps = "1. chmod +x /app/retry.sh\n2. /app/retry.sh 3 0 /app/flaky.sh\n"
+  v = review(retry, runbook(steps=steps, checks="- /app/retry.sh 2 0 true", goal="A retry script."))
+  assert v.accepted, v
+  from rsi_jax.rsr.shellwords import bare_command
+  assert bare_command("- mytool --check data.csv") is None
+  assert bare_command("- mytool --check data.csv", {"mytool"}) == "mytool --check data.csv"
+  assert bare_command("- ./build.sh --fast") == "./build.sh --fast"
