@@ -33,9 +33,6 @@ from rsi_jax.eval.metrics import (by_stratum, mean_at_r, pass_at_r, process_rewa
 from rsi_jax.eval.strata import stratum_of, stratum_scores
 from rsi_jax.policy import SamplingParams
 
-EVAL_SAMPLING = SamplingParams(temperature=0.6, top_p=0.95, max_new_tokens=8192)
-
-
 @dataclasses.dataclass
 class EvalReport:
   tasks: list[str]

@@ -107,11 +107,6 @@ def saved_items(directory: str) -> tuple[str, ...]:
   return tuple(k for k in ITEMS if (epath.Path(directory) / k).is_dir())
 
 
-def abstract_like(shardings: dict, shapes: dict) -> dict:
-  """ShapeDtypeStructs with shardings (restore targets) from a shardings tree and a shape/dtype tree."""
-  return jax.tree.map(lambda s, a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shardings, shapes)
-
-
 def restore_params(directory: str, *, actor=None, critic=None) -> dict:
   """Restore the requested items onto the given targets, verified against the digests recorded when they
   were written (:func:`restore_verified`; CheckpointError when they do not restore as written).

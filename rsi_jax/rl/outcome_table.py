@@ -23,7 +23,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -98,25 +98,10 @@ class OutcomeTable:
                valid=np.array(cols["valid"], bool), turns=np.array(cols["turns"], np.float64),
                infra_failures=infra)
 
-  @classmethod
-  def from_outcomes(cls, outcomes: Sequence, families: Sequence[str],
-                    turns: Sequence[float] | None = None) -> "OutcomeTable":
-    """From :class:`rsi_jax.rl.ctrf.VerificationOutcome` objects (infra failures are counted, not kept)."""
-    if len(outcomes) != len(families) or (turns is not None and len(turns) != len(outcomes)):
-      raise ValueError("outcomes, families and turns must have the same length")
-    rows = [dict(o.to_dict(), family=f, turns=(None if turns is None else turns[i]))
-            for i, (o, f) in enumerate(zip(outcomes, families))]
-    return cls.from_rows(rows, "outcomes")
-
   def rows(self) -> list[dict]:
     return [{"family": str(self.family[i]), "passed": int(self.passed[i]), "total": int(self.total[i]),
              "success": int(self.success[i]), "valid": bool(self.valid[i]),
              "turns": None if math.isnan(self.turns[i]) else float(self.turns[i])} for i in range(len(self))]
-
-  def write_jsonl(self, path: str | os.PathLike):
-    with open(path, "w") as f:
-      for r in self.rows():
-        f.write(json.dumps(r) + "\n")
 
 
 EPISODE_TIMES = ("start_s", "agent_s", "verify_s", "total_s")  # EpisodeResult's timings, in outcome rows

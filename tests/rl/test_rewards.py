@@ -324,7 +324,7 @@ def test_recalibration_reduces_high_reward_failures():
 def test_calibrate_cli(tmp_path, capsys):
   old, table = recalibration_fixture()
   traj = tmp_path / "traj.jsonl"
-  table.write_jsonl(traj)
+  traj.write_text("".join(json.dumps(r) + "\n" for r in table.rows()))  # what a phase's outcomes.jsonl holds
   assert calibrate_main(["fdr", "--trajectories", str(traj), "--out", str(tmp_path / "fdr.json")]) == 0
   fdr = load_divisor_table(tmp_path / "fdr.json")
   assert fdr.divisor("fresh") == np.quantile([4, 8, 15, 16, 23, 42], 0.9)
