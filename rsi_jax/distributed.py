@@ -15,6 +15,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rsi_jax.stop import StopRequested
+
 
 def initialize() -> None:
   """``jax.distributed.initialize`` for one process of several.
@@ -119,15 +121,36 @@ def from_primary(fn, *args, **kwargs):
   if is_primary():
     try:  # the result is pickled here too: whatever fails, the other processes still get an answer
       blob = pickle.dumps(("ok", fn(*args, **kwargs)), protocol=pickle.HIGHEST_PROTOCOL)
+    except StopRequested as e:  # a stop notice cut the work: every process stops at this point
+      err = e
+      blob = pickle.dumps(("stop", e.args[0] if e.args else "SIGTERM"))
     except Exception as e:  # noqa: BLE001 - handed to every process, then raised
       err = e
       blob = pickle.dumps(("error", f"{type(e).__name__}: {e}"))
   status, value = pickle.loads(_broadcast_bytes(blob))
   if err is not None:
     raise err
+  if status == "stop":
+    raise StopRequested(value)
   if status == "error":
     raise PrimaryFailed(f"on the first process: {value}")
   return value
+
+
+def gather_or_stop(items: Sequence, stopped: str | None) -> list:
+  """:func:`gather_objects` of every process's ``items``, unless a process's share of the work was cut by a stop
+  notice (``stopped``: the signal's name, else None): then :class:`~rsi_jax.stop.StopRequested` on every process,
+  at this same exchange, so all of them leave the step together (a process without the notice finishes its share
+  first; on a preempted pod every host has it). ``items`` of a stopped process are not sent."""
+  if jax.process_count() == 1:
+    if stopped is not None:
+      raise StopRequested(stopped)
+    return list(items)
+  got = gather_objects([("stop", stopped)] if stopped is not None else [("ok", list(items))])
+  names = [v for status, v in got if status == "stop"]
+  if names:
+    raise StopRequested(names[0])
+  return [x for _, v in got for x in v]
 
 
 def _broadcast_bytes(blob: bytes) -> bytes:

@@ -453,9 +453,10 @@ class Driver:
     t0 = time.time()
     try:
       with _Stop(self.cfg.run.preempt_budget_s, self.console) as stop:
-        # long waits inside a phase (a step's episodes, the RSR funnel) end early on a notice; a multi-host run
-        # acts on it at step boundaries only, where the processes agree on it
-        ctx.stop = stop if jax.process_count() == 1 else None
+        # long waits inside a phase (a step's episodes, the RSR funnel, an evaluation) end early on a notice;
+        # on several processes they all leave at the step's next exchange (multihost.gather_or_stop /
+        # from_primary), and between steps they agree on it (stop.now)
+        ctx.stop = stop
         for index, spec in enumerate(plan):
           if spec.name in done:
             prev = done[spec.name]

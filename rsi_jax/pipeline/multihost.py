@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import jax
 
-from rsi_jax.distributed import (PrimaryFailed, from_primary, gather_objects, global_array, initialize,
-                                 is_primary, process_index, sum_counts, to_local)
+from rsi_jax.distributed import (PrimaryFailed, from_primary, gather_objects, gather_or_stop, global_array,
+                                 initialize, is_primary, process_index, sum_counts, to_local)
 
-__all__ = ["PrimaryFailed", "from_primary", "gather_objects", "global_array", "initialize", "is_primary",
-           "process_index", "process_share", "sum_counts", "to_local"]
+__all__ = ["PrimaryFailed", "from_primary", "gather_objects", "gather_or_stop", "global_array", "initialize",
+           "is_primary", "process_index", "process_share", "sum_counts", "to_local"]
 
 
 def process_share(n: int) -> range:

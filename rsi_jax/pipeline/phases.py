@@ -40,7 +40,7 @@ from rsi_jax.policy import SamplingParams
 from rsi_jax.rl.batch import Sample, assemble_batch, episode_samples, load_samples
 from rsi_jax.rl.metrics import combine_pass_metrics
 from rsi_jax.rl.outcome_table import EPISODE_TIMES, outcome_row
-from rsi_jax.stop import wait_all
+from rsi_jax.stop import StopRequested, wait_all
 
 
 class InvariantError(RuntimeError):
@@ -66,8 +66,8 @@ class RunContext:
   sampler: object = None  # rsi_jax.sampler.server.SamplerServer, created with the first weights it serves
   actor_version: int = 0  # the sampler's version number of the weights last handed to it
   eval_suite: tuple | None = None  # (tasks, frozen strata) of eval.tasks_dir, loaded at the first evaluation
-  # the driver's stop notice (``.requested``, ``.signal_name``) where long waits end early on it (None: a
-  # multi-host run, which acts on a notice at step boundaries only)
+  # the driver's stop notice (``.requested``, ``.signal_name``) where long waits end early on it (None: none);
+  # on several processes they leave a step together at its next exchange (multihost.gather_or_stop)
   stop: object = None
   _served: object = None  # the weights last handed to the sampler
 
@@ -473,9 +473,13 @@ class RolloutPhase(Phase):
       self._ahead = None
     else:
       (fut, events), ahead = self._start(state, i), False
-    (eps, aborted, started, t_roll), = wait_all([fut], ctx.stop, events)  # a stop notice aborts the episodes
+    try:  # a stop notice aborts the episodes; every process leaves the step together at the exchange below
+      (eps, aborted, started, t_roll), = wait_all([fut], ctx.stop, events)
+      stopped = None
+    except StopRequested as e:
+      eps, aborted, started, stopped = [], 0, 0, e.args[0]
     # every process's episodes, in process order (= request order): the same batch on every process
-    eps, aborted = multihost.gather_objects(eps), sum(multihost.gather_objects([aborted]))
+    eps, aborted = multihost.gather_or_stop(eps, stopped), sum(multihost.gather_objects([aborted]))
     state = dataclasses.replace(state, cursor=state.cursor + started)
     # one batch ahead (§3.1): the next step's episodes run on the current weights while this step trains
     if cfg.rollout.max_staleness > 0 and i + 1 < self.num_steps:

@@ -63,6 +63,21 @@ def exchanges() -> dict:
     multihost.gather_objects([lambda: 0] if jax.process_index() == 1 else [1])
   except Exception as e:  # noqa: BLE001
     out["unpicklable"] = f"{type(e).__name__}: {e}"
+
+  # a stop notice that cut one process's work stops every process at the same exchange (none left waiting)
+  from rsi_jax.stop import StopRequested
+
+  def cut():
+    raise StopRequested("SIGTERM")
+
+  mine = "SIGTERM" if jax.process_index() == 1 else None  # only the last process got the notice
+  for name, call in (("primary_stopped", lambda: multihost.from_primary(cut)),
+                     ("share_stopped", lambda: multihost.gather_or_stop([jax.process_index()], mine)),
+                     ("none_stopped", lambda: multihost.gather_or_stop([jax.process_index()], None))):
+    try:
+      out[name] = call()
+    except StopRequested as e:
+      out[name] = f"StopRequested: {e.args[0]}"
   return out
 
 

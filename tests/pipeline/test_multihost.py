@@ -32,6 +32,12 @@ def test_two_process_rpr_step_matches_one_process(tmp_path):
   # a failure on one process reaches every process instead of leaving the others waiting
   assert p0["primary_failed"] == "ValueError: no tasks on this host"
   assert p1["primary_failed"] == "PrimaryFailed: on the first process: ValueError: no tasks on this host"
+  # a stop notice that cut the first process's work (RSR's funnel, an evaluation) or one process's share of a
+  # step's episodes stops every process at that exchange; without one the exchange is a gather
+  for p in (p0, p1):
+    assert (p["primary_stopped"], p["share_stopped"], p["none_stopped"]) == (
+        "StopRequested: SIGTERM", "StopRequested: SIGTERM", [0, 1]), p
+  assert (ref["primary_stopped"], ref["share_stopped"], ref["none_stopped"]) == ("StopRequested: SIGTERM", [0], [0])
   for p in (p0, p1):
     assert p["unpicklable"].startswith("RuntimeError: gathering across processes failed: process 1:"), p
 
