@@ -4,6 +4,20 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the whole test session and every process it starts (training runs,
+# worker pairs inherit the environment): the same programs are compiled once, not once per process. A fresh
+# folder per session (removed at exit) unless JAX_COMPILATION_CACHE_DIR is set. A test that must see a real
+# compile (XLA's compile-time warnings) starts its child with JAX_ENABLE_COMPILATION_CACHE=false
+# (tests/models/test_sharding_hygiene.py).
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import atexit
+  import shutil
+  import tempfile
+  _cache = tempfile.mkdtemp(prefix="rsi-jax-test-compile-cache-")
+  atexit.register(shutil.rmtree, _cache, True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
 import pytest  # noqa: E402
