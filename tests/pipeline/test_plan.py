@@ -1,8 +1,7 @@
-"""The training program before any model is built: the plan, pre-flight errors, run-folder paths, the
-defaults, and that every config key does something."""
+"""The training program before any model is built: the plan, pre-flight errors, run-folder paths and the
+defaults (that every config key does something: tests/test_config_keys.py)."""
 
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -10,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import yaml
 
 from rsi_jax.config import CONFIG_DIR, REPO_ROOT, Config, load_config
 from rsi_jax.env.rollouts import TaskOrder, derive_seed
@@ -108,26 +106,6 @@ def test_defaults_serve_the_first_prompt_of_every_shipped_task():
   h = make_harness(cfg.env.harness, Limits(), ChatRenderer(tok), env_cfg=cfg.env)
   lengths = [len(h.initial_prompt(t)) for t in load_tasks(cfg.env.tasks_dir)]
   assert lengths and max(lengths) < 32_000
-
-
-def _read_keys() -> str:
-  return "\n".join(p.read_text() for p in (REPO_ROOT / "rsi_jax").rglob("*.py") if p.name != "config.py")
-
-
-def test_every_config_key_is_read():
-  """Every key of configs/base.yml is read outside config.py (model keys go to MaxText by name): no dead
-  settings."""
-  base = yaml.safe_load((CONFIG_DIR / "base.yml").read_text())
-  src = _read_keys()
-  unread = []
-  for section, keys in base.items():
-    if not isinstance(keys, dict):
-      continue
-    for key in keys:
-      dotted = f"{section}.{key}"
-      if not re.search(rf"\.{re.escape(key)}\b|[\"']{re.escape(key)}[\"']", src):
-        unread.append(dotted)
-  assert unread == []
 
 
 def test_task_order_is_seeded_random_access_with_repeats():
