@@ -62,9 +62,6 @@ class TaskOrder:
   def __getitem__(self, i: int):
     return self.tasks[self._sampler[i // self.k].record_key]
 
-  def take(self, start: int, n: int) -> list:
-    return [self[i] for i in range(start, start + n)]
-
 
 class RolloutPolicy:
   """The policy one rollout episode talks to: the sampler, with

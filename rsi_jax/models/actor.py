@@ -235,7 +235,6 @@ class Actor(Backbone):
     self.default_chunk = cfg.rl.logprob_chunk
     self._logits = jax.jit(self._logits_impl)
     self._logprobs = jax.jit(self._token_logprobs_impl, static_argnames=("chunk",))
-    self._maxtext_logits = jax.jit(self._maxtext_logits_impl)
 
   # -- logits
   def _project(self, h, w):
@@ -249,14 +248,6 @@ class Actor(Backbone):
   def logits(self, params, tokens, positions, segment_ids) -> jax.Array:
     """Full float32 logits (B, T, V); entry t predicts token t+1. For parity checks and short inputs."""
     return self._logits(params, tokens, positions, segment_ids)
-
-  def _maxtext_logits_impl(self, params, tokens, positions, segment_ids):
-    with self._rules():
-      return self.merge(params)(tokens, positions, segment_ids, enable_dropout=False).astype(jnp.float32)
-
-  def maxtext_logits(self, params, tokens, positions, segment_ids) -> jax.Array:
-    """MaxText's own output head (``model(...)``), e.g. bf16 tied-embedding logits. Reference only."""
-    return self._maxtext_logits(params, tokens, positions, segment_ids)
 
   # -- log-probabilities
   def _token_logprobs_impl(self, params, tokens, positions, segment_ids, chunk=None, index=None):

@@ -252,12 +252,6 @@ class SamplerServer:
     future.set_running_or_notify_cancel()  # wakes wait() / as_completed() callers (as an executor does)
     return True
 
-  @property
-  def in_flight(self) -> int:
-    """Requests queued or holding a slot."""
-    with self._cv:
-      return len(self._queue) + sum(r is not None and not r.done for r in self._slots)
-
   def wait_swapped(self, timeout: float | None = None) -> bool:
     """Block until no swap is pending (for tests and the pipeline's version bookkeeping)."""
     with self._cv:
@@ -552,13 +546,6 @@ def prompt_limit(paged: bool, max_cache_length: int, max_prefill_length: int,
   generated token; slot / maxtext: the whole-prompt prefill's ``max_prefill_length``)."""
   limit = max_cache_length - 1 if paged else max_prefill_length
   return min(limit, int(max_input_tokens)) if max_input_tokens else limit
-
-
-def config_prompt_limit(cfg: Config) -> int:
-  """:func:`prompt_limit` of the server ``SamplerServer.from_config(cfg, ...)`` builds."""
-  s = cfg.sampler
-  return prompt_limit(s.decode_impl == "paged", s.max_cache_length, s.max_prefill_length,
-                      cfg.rollout.max_input_tokens)
 
 
 def stop_string_hit(tokenizer, tokens: Sequence[int], stop_strings: Sequence[str]) -> bool:

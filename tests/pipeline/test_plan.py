@@ -94,10 +94,11 @@ def test_defaults_serve_the_first_prompt_of_every_shipped_task():
   cfg = load_config(CONFIG_DIR / "base.yml")
   tok = load_tokenizer(cfg.model.tokenizer_path)
 
-  from rsi_jax.sampler.server import config_prompt_limit
+  from rsi_jax.sampler.server import prompt_limit
 
-  class Limits:  # what the harness reads from the sampler
-    max_prompt_tokens = config_prompt_limit(cfg)
+  class Limits:  # what the harness reads from the sampler: the limit SamplerServer.from_config(cfg) serves
+    max_prompt_tokens = prompt_limit(cfg.sampler.decode_impl == "paged", cfg.sampler.max_cache_length,
+                                     cfg.sampler.max_prefill_length, cfg.rollout.max_input_tokens)
 
   # The paper's limits, not lowered: 96,000-token prompts, summarization at 32,000 accumulated tokens.
   assert Limits.max_prompt_tokens == cfg.rollout.max_input_tokens == 96_000
@@ -111,13 +112,14 @@ def test_defaults_serve_the_first_prompt_of_every_shipped_task():
 def test_task_order_is_seeded_random_access_with_repeats():
   tasks = [f"t{i}" for i in range(5)]
   o = TaskOrder(tasks, seed=3, responses_per_task=2)
-  seq = o.take(0, 20)
-  assert seq == TaskOrder(tasks, seed=3, responses_per_task=2).take(0, 20)  # a resumed run draws the same
-  assert seq[7:13] == o.take(7, 6)  # random access: the cursor is the whole state
+  take = lambda order, start, n: [order[i] for i in range(start, start + n)]  # noqa: E731
+  seq = take(o, 0, 20)
+  assert seq == take(TaskOrder(tasks, seed=3, responses_per_task=2), 0, 20)  # a resumed run draws the same
+  assert seq[7:13] == take(o, 7, 6)  # random access: the cursor is the whole state
   assert all(seq[2 * k] == seq[2 * k + 1] for k in range(10))  # k consecutive requests per task
   assert sorted(seq[0:10:2]) == tasks and sorted(seq[10:20:2]) == tasks  # each epoch covers the pool
   assert seq[0:10:2] != seq[10:20:2]  # and is shuffled anew
-  assert seq != TaskOrder(tasks, seed=4, responses_per_task=2).take(0, 20)
+  assert seq != take(TaskOrder(tasks, seed=4, responses_per_task=2), 0, 20)
   assert derive_seed(1, "a", 2) == derive_seed(1, "a", 2) != derive_seed(1, "a", 3)
 
 
