@@ -28,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rsi_jax.pipeline.metrics import read_jsonl
+
 REPO = Path(__file__).resolve().parents[1]
 # Messages that say a build or a test needed a host this machine cannot reach.
 UNREACHABLE = re.compile(
@@ -53,12 +55,7 @@ def sample(names: list[str], n: int | None) -> list[str]:
 def rows(dataset: str, names: list[str], out_dir: Path) -> list[dict]:
   """One row per task folder from the evaluation's ``summary.json`` and ``attempts.jsonl``."""
   summary = json.loads((out_dir / "summary.json").read_text()) if (out_dir / "summary.json").is_file() else {}
-  attempts = {}
-  if (out_dir / "attempts.jsonl").is_file():
-    for line in (out_dir / "attempts.jsonl").read_text().splitlines():
-      if line.strip():
-        a = json.loads(line)
-        attempts[a["task"]] = a
+  attempts = {a["task"]: a for a in read_jsonl(out_dir / "attempts.jsonl")}
   refused = {r["task"]: r["reason"] for r in summary.get("refused") or []}
   out = []
   for name in names:
