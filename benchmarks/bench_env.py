@@ -47,6 +47,26 @@ def bench_start(client, run_id, n):
   return starts, firsts, cmds
 
 
+def bench_disk_checks(client, run_id, n):
+  """Per-command latency (``true``) of one container, side by side: no storage limit, the limit measured by the
+  daemon (``docker ps --size``, as before the writable layer was read here), and measured here (the changed
+  files only) -- after the command has written a few hundred small files."""
+  out = {}
+  with DockerSandbox(client, "rsi-base", run_id=run_id, task_name="bench-disk", disk_limit_bytes=1 << 30) as b:
+    b.run("mkdir -p /tmp/f && for i in $(seq 300); do echo $i > /tmp/f/$i; done")
+    upper = b._upper
+    for name, limit, where in (("no limit", None, None), ("daemon size", 1 << 30, None),
+                               ("measured here", 1 << 30, upper)):
+      b.disk_limit_bytes, b._upper = limit, where
+      ts = []
+      for _ in range(n):
+        t = time.perf_counter()
+        b.run("true")
+        ts.append(time.perf_counter() - t)
+      out[name] = statistics.median(ts)
+  return out
+
+
 def bench_builds(client, tasks, settings):
   """Per task family (its first task): a fresh build (its image and the layers only it uses removed first)
   and a cached one (the image is there: the content-hash tag is found). Builds as the run does: with
@@ -99,6 +119,11 @@ def main():
     print(f"first command after start:     median {statistics.median(firsts) * 1e3:.0f} ms")
     print(f"command latency (echo):        median {statistics.median(cmds) * 1e3:.0f} ms, "
           f"p90 {_pct(cmds, 0.9) * 1e3:.0f} ms over {len(cmds)}")
+
+    checks = bench_disk_checks(client, run_id, 3 * args.starts)
+    base = checks["no limit"]
+    print("command latency (true) by storage-limit check: " + ", ".join(
+        f"{k} {v * 1e3:.0f} ms (+{(v - base) * 1e3:.0f})" for k, v in checks.items()))
 
     for fam, name, fresh, cached in bench_builds(client, tasks, settings):
       print(f"image build {fam:<18} ({name}): fresh {fresh:5.2f} s, cached {cached * 1e3:6.1f} ms, "

@@ -49,6 +49,7 @@ BUILD_FAILED = "build_failed"
 VERIFIER_TIMEOUT = "verifier_timeout"
 VERIFIER_ERROR = "verifier_error"
 DISK_LIMIT = "disk_limit"  # the container wrote more than its storage limit: stopped
+DISK_POLL_S = 1.0  # during a command the writable layer is measured this often (its changed files only)
 
 # PID 1: a bash that reaps orphans. It installs no signal handler, so as a namespace's init it ignores every
 # signal sent from inside (an agent cannot end its own container) and survives `kill -KILL -1`; teardown
@@ -179,8 +180,9 @@ class DockerSandbox:
     self.network = network
     self.output_cap_bytes = output_cap_bytes
     self.command_timeout_s = command_timeout_s
-    self.disk_limit_bytes = disk_limit_bytes  # checked after every command (None: unlimited)
+    self.disk_limit_bytes = disk_limit_bytes  # checked during and after every command (None: unlimited)
     self.container = None
+    self._upper = None  # the writable layer's folder, where this host can read it (a local daemon's overlay2)
     self.start_latency_s = None
     self._n = 0
     self._closed = False
@@ -205,6 +207,8 @@ class DockerSandbox:
       raise SandboxError(CREATE_FAILED, f"{self.task_name}: {e}") from None
     with _LIVE_LOCK:
       _LIVE[self.container.id] = self
+    if self.disk_limit_bytes:
+      self._upper = _local_upper_dir(self.client, self.container)
     self.start_latency_s = time.time() - t0
     return self
 
@@ -242,14 +246,46 @@ class DockerSandbox:
   # -- commands
 
   def run(self, command: str, timeout_s: float | None = None) -> CommandResult:
-    """Run one agent command in the persistent shell (cwd and exported variables carry over); then the
-    container's writes are held against its storage limit (:meth:`check_disk`)."""
-    res = self._run(command, timeout_s)
+    """Run one agent command in the persistent shell (cwd and exported variables carry over). The container's
+    writes are held against its storage limit while the command runs (where the writable layer can be read
+    from this host, every ``DISK_POLL_S``: a command that writes far past the limit is stopped then, not when
+    it ends) and after it (:meth:`check_disk`)."""
+    over = threading.Event()
+    done = threading.Event()
+    watch = None
+    if self.disk_limit_bytes and self._upper is not None:
+      watch = threading.Thread(target=self._watch_disk, args=(done, over), daemon=True)
+      watch.start()
+    try:
+      res = self._run(command, timeout_s)
+    finally:
+      done.set()
+      if watch is not None:
+        watch.join()
     self.check_disk()
     return res
 
+  def _watch_disk(self, done: threading.Event, over: threading.Event):
+    """While a command runs: over the limit, every process in the container is stopped (the command returns
+    and :meth:`check_disk` reports it)."""
+    while not done.wait(DISK_POLL_S):
+      try:
+        if self.disk_used() > self.disk_limit_bytes:
+          over.set()
+          self.exec_raw(["kill", "-KILL", "-1"], timeout_s=30)
+          return
+      except Exception:  # noqa: BLE001 - the check after the command reports what is wrong
+        return
+
   def disk_used(self) -> int:
-    """Bytes the container has written (its writable layer, ``docker ps --size``)."""
+    """Bytes the container has written: its writable layer's files, summed here where this host can read the
+    layer (a local daemon; the changed files only, about 10 ms), else by the daemon (``docker ps --size``, which
+    also walks the whole image)."""
+    if self._upper is not None:
+      try:
+        return _tree_bytes(self._upper)
+      except OSError:
+        self._upper = None  # unreadable after all: the daemon measures from now on
     try:
       rows = self.client.api.containers(all=True, size=True, filters={"id": self.container.id})
     except docker.errors.DockerException as e:
@@ -407,3 +443,37 @@ def _root_owned(ti: tarfile.TarInfo) -> tarfile.TarInfo:
   ti.uid = ti.gid = 0
   ti.uname = ti.gname = "root"
   return ti
+
+
+def _local_upper_dir(client, container) -> str | None:
+  """The container's writable layer as a folder this process can read (the daemon runs here with the overlay2
+  driver), else None."""
+  try:
+    if not str(client.api.base_url).startswith("http+docker://"):  # a unix socket: the daemon is on this host
+      return None
+    container.reload()
+    d = (container.attrs.get("GraphDriver") or {}).get("Data") or {}
+    upper = d.get("UpperDir")
+    if container.attrs.get("Driver") != "overlay2" or not upper or not os.path.isdir(upper):
+      return None
+    _tree_bytes(upper)  # readable all the way down, or the daemon measures
+    return upper
+  except (OSError, docker.errors.DockerException):
+    return None
+
+
+def _tree_bytes(root: str) -> int:
+  """Sum of the file sizes under ``root`` (links not followed), as the daemon counts a writable layer; a
+  folder that cannot be read raises OSError (an undercount would let a container past its limit)."""
+  total = 0
+
+  def fail(e):
+    if not isinstance(e, FileNotFoundError):  # a folder removed while the walk ran is not an error
+      raise e
+  for r, dirs, files in os.walk(root, onerror=fail):
+    for f in files:
+      try:
+        total += os.lstat(os.path.join(r, f)).st_size
+      except FileNotFoundError:  # removed while the walk ran
+        pass
+  return total

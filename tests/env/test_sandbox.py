@@ -406,3 +406,21 @@ def test_failed_build_names_a_host_an_earlier_step_could_not_reach(tmp_path, doc
   msg = str(e.value)
   assert e.value.kind == BUILD_FAILED and "rsi-tool-it-installed: not found" in msg.splitlines()[0], msg
   assert "an earlier step could not reach a host: curl: (6) Could not resolve host: sh.example.invalid" in msg, msg
+
+
+def test_disk_measure_is_the_daemons_and_a_runaway_writer_is_stopped_during_its_command(docker_client, run_id):
+  """The writable layer is measured here (its changed files), equal to the daemon's ``docker ps --size``; a
+  command that writes far past the limit and would then run on is stopped within a few seconds of crossing it,
+  not when it ends (the check after each command alone found it only then)."""
+  from rsi_jax.env.sandbox import DISK_LIMIT
+  with DockerSandbox(docker_client, "rsi-base", run_id=run_id, task_name="disk",
+                     disk_limit_bytes=20 << 20, command_timeout_s=120) as b:
+    assert b._upper is not None  # the daemon of the tests runs on this host
+    b.run("head -c 3M /dev/zero > /tmp/a && mkdir -p /tmp/d && for i in $(seq 50); do echo $i > /tmp/d/$i; done")
+    rows = docker_client.api.containers(all=True, size=True, filters={"id": b.container.id})
+    assert b.disk_used() == rows[0]["SizeRw"] > 3 << 20
+    t0 = time.time()
+    with pytest.raises(SandboxError) as e:
+      b.run("head -c 40M /dev/zero > /tmp/big; sleep 100; echo never")
+    assert e.value.kind == DISK_LIMIT and "over its storage limit of 20 MiB" in str(e.value)
+    assert time.time() - t0 < 30, time.time() - t0  # not after the 100 s sleep
