@@ -18,6 +18,7 @@ with their reason, listed, and the rest is evaluated (:func:`suite_tasks`). :met
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 import uuid
@@ -189,9 +190,12 @@ def _action(turn) -> str:
 
 
 def evaluate(pool, tasks, harness_factory, repeats: int, *, infra_retries: int = 0, strata: dict | None = None,
-             info: dict | None = None, stop=None, abort=None, output_cap_bytes: int | None = None) -> EvalReport:
+             info: dict | None = None, stop=None, abort=None, output_cap_bytes: int | None = None,
+             seed: int | None = None) -> EvalReport:
   """Run every task ``repeats`` times concurrently in ``pool`` (an attempt that is an infrastructure failure
-  runs again, up to ``infra_retries`` times) and score the attempts. ``stop``: a stop notice
+  runs again, up to ``infra_retries`` times) and score the attempts. ``seed``: each attempt's harness is made by
+  ``harness_factory(seed=derive_seed(seed, task, repeat, try))``, so its sampling does not depend on which
+  attempts ran beside it (None: ``harness_factory()``). ``stop``: a stop notice
   (:mod:`rsi_jax.stop`); once it is there, ``abort`` (the switch the attempts' containers and, through the
   harness's policy, their sampler requests watch) is set, queued attempts are cancelled, running ones waited
   for, and :class:`~rsi_jax.stop.StopRequested` is raised: nothing of the evaluation is returned."""
@@ -204,7 +208,13 @@ def evaluate(pool, tasks, harness_factory, repeats: int, *, infra_retries: int =
     raise ValueError("no tasks to evaluate")
   if stop is not None and abort is None:
     abort = threading.Event()
-  pending = {(i, r): (pool.submit(t, harness_factory, abort=abort), 1)
+  def factory(i: int, r: int, tries: int):
+    if seed is None:
+      return harness_factory
+    from rsi_jax.env.rollouts import derive_seed
+    return functools.partial(harness_factory, seed=derive_seed(seed, tasks[i].name, r, tries))
+
+  pending = {(i, r): (pool.submit(t, factory(i, r, 1), abort=abort), 1)
              for i, t in enumerate(tasks) for r in range(repeats)}
   scores = np.full((len(tasks), repeats), np.nan)
   fractions = np.full((len(tasks), repeats), np.nan)
@@ -222,7 +232,7 @@ def evaluate(pool, tasks, harness_factory, repeats: int, *, infra_retries: int =
       res = fut.result()
       if res.infra_failure and tries <= infra_retries:
         retries += 1
-        pending[key] = (pool.submit(tasks[i], harness_factory, abort=abort), tries + 1)
+        pending[key] = (pool.submit(tasks[i], factory(i, r, tries + 1), abort=abort), tries + 1)
         continue
       records[key] = _attempt_record(res, tasks[i], r, tries)
       transcripts[key] = _transcript(res, tasks[i], r, tries, output_cap_bytes)
@@ -313,27 +323,33 @@ def evaluate_policy(cfg: Config, pool, tasks, policy, renderer, *, strata=None, 
   harness and evaluation sampling: the code path of ``python -m rsi_jax.eval`` and in-training evaluation.
   ``refused`` / ``notes``: what loading the suite refused or adjusted, kept with the results (no task left:
   an empty report that lists them). ``stop``: a stop notice aborts the evaluation (:func:`evaluate`), its
-  sampler requests cancelled too."""
+  sampler requests cancelled too. With ``rollout.deterministic`` every attempt samples from its own seed (the
+  run's seed, the task, the repeat): the same weights give the same evaluation on a rerun."""
   import threading
 
   from rsi_jax.env import make_harness
+  from rsi_jax.env.rollouts import RolloutPolicy, derive_seed
   harness = harness or cfg.eval.harness
   sampling = eval_sampling(cfg)
   abort = threading.Event() if stop is not None else None
+  seed = derive_seed(cfg.run.seed, "eval") if cfg.rollout.deterministic and harness != "oracle" else None
+
+  def agent(seed=None):
+    if abort is None and seed is None:
+      return policy
+    # the attempt's sampler calls end on the abort switch; seeded, the n-th call samples from (seed, n)
+    return RolloutPolicy(policy, abort if abort is not None else threading.Event(), seed)
+
   if harness == "oracle":
     factory = lambda: make_harness("oracle")  # noqa: E731
   else:
-    if abort is not None:  # each attempt's sampler calls end on the abort switch
-      from rsi_jax.env.rollouts import RolloutPolicy
-      agent = lambda: RolloutPolicy(policy, abort)  # noqa: E731
-    else:
-      agent = lambda: policy  # noqa: E731
-    factory = lambda: make_harness(harness, agent(), renderer, sampling, env_cfg=cfg.env)  # noqa: E731
+    factory = lambda seed=None: make_harness(harness, agent(seed), renderer, sampling,  # noqa: E731
+                                             env_cfg=cfg.env)
   info = {"harness": harness, "sampling": dataclasses.asdict(sampling), **(info or {})}
   repeats = repeats or cfg.eval.repeats
   if tasks:
     rep = evaluate(pool, tasks, factory, repeats, infra_retries=cfg.eval.infra_retries, strata=strata, info=info,
-                   stop=stop, abort=abort, output_cap_bytes=cfg.env.output_cap_bytes)
+                   stop=stop, abort=abort, output_cap_bytes=cfg.env.output_cap_bytes, seed=seed)
   else:
     rep = EvalReport([], [], np.zeros((0, repeats)), np.zeros((0, repeats)), 0, strata=strata or {}, info=info)
   rep.refused, rep.notes = list(refused), list(notes)

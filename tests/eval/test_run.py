@@ -135,3 +135,52 @@ def test_oracle_over_a_folder_of_upstream_format_tasks(tmp_path, docker_client):
   assert s["n_tasks"] == 4 and s["mean_at_r"] == 100.0 and s["infra_failures"] == 0 and s["infra_retries"] == 0
   assert (suite / "strata.json").exists() and s["strata"]["file"] == str(suite / "strata.json")
   assert sorted(v["stratum"] for v in s["per_task"].values()) != [None] * 4
+
+
+class _SeedRecorder:
+  """A sampler that records the seed of every request and answers ``{"done": true}``."""
+
+  def __init__(self, tok):
+    import threading
+    self.tok, self.seeds, self.lock = tok, [], threading.Lock()
+
+  def submit(self, prompt_ids, params):
+    import concurrent.futures as cf
+
+    import numpy as np
+
+    from rsi_jax.policy import FINISH_EOS, Completion
+    with self.lock:
+      self.seeds.append(params.seed)
+    ids = np.asarray(self.tok.encode('{"done": true}') + [self.tok.im_end_id], np.int32)
+    fut = cf.Future()
+    fut.set_result(Completion(ids, np.zeros(len(ids), np.float32), FINISH_EOS, 0, prompt_len=len(prompt_ids)))
+    return fut
+
+  def generate(self, prompt_ids, params):
+    return self.submit(prompt_ids, params).result()
+
+  def cancel(self, fut):
+    pass
+
+
+def test_deterministic_evaluation_seeds_every_attempt_by_task_and_repeat(pool_and_tasks):
+  """With rollout.deterministic each attempt samples from its own seed (run seed, task, repeat, try), whatever
+  ran beside it, so a rerun repeats the evaluation; without it the sampler chooses (seed None)."""
+  from rsi_jax.env.rollouts import derive_seed
+  from rsi_jax.eval.run import evaluate_policy
+  from rsi_jax.models import ChatRenderer, load_tokenizer
+  pool, tasks = pool_and_tasks
+  tok = load_tokenizer()
+  over = ["rollout.max_staleness=0", "eval.repeats=2", "eval.harness=json"]
+  det = load_config(CONFIG_DIR / "smoke.yml", over + ["rollout.deterministic=true"])
+  base = derive_seed(det.run.seed, "eval")
+  want = sorted(derive_seed(derive_seed(base, t.name, r, 1), 0) for t in tasks for r in range(2))
+  assert len(set(want)) == 4
+  for _ in range(2):  # the same seeds on a rerun, one per attempt
+    rec = _SeedRecorder(tok)
+    evaluate_policy(det, pool, tasks, rec, ChatRenderer(tok))
+    assert sorted(rec.seeds) == want
+  rec = _SeedRecorder(tok)
+  evaluate_policy(load_config(CONFIG_DIR / "smoke.yml", over), pool, tasks, rec, ChatRenderer(tok))
+  assert rec.seeds == [None] * 4
