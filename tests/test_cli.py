@@ -16,6 +16,7 @@ from rsi_jax.config import REPO_ROOT
 ENTRY_POINTS = {
     "rsi_jax.train": {"config", "distributed"},
     "rsi_jax.eval": {"config", "tasks_dir", "harness", "repeats", "checkpoint", "tasks", "output", "strict"},
+    "rsi_jax.view": {"port", "host"},
     "rsi_jax.rsr": {"config", "checkpoint", "phase", "distributed"},
     "rsi_jax.eval.report": {"runs", "names", "run_dir", "output"},
     "rsi_jax.models.export": {"checkpoint", "out", "maxtext_out", "config"},

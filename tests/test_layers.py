@@ -27,7 +27,8 @@ LAYERS = (
     ("rsr", ("rsi_jax.rsr",)),  # Recursive Self-Rewrite's funnel over env episodes
     ("eval", ("rsi_jax.eval",)),  # evaluation runs and reports
     ("pipeline", ("rsi_jax.pipeline",)),  # the phase plan, the RPR step, the run driver
-    ("entry", ("rsi_jax.train", "rsi_jax.rsr.__main__", "rsi_jax.eval.__main__")),  # command lines
+    ("entry", ("rsi_jax.train", "rsi_jax.rsr.__main__", "rsi_jax.eval.__main__",
+               "rsi_jax.view")),  # command lines; the run browser reads what they write
 )
 
 

@@ -125,6 +125,28 @@ def episode_record(e, *, index: int | None = None, reward: float | None = None, 
   return rec
 
 
+def text_summary(rec: dict, max_chars: int = 600) -> str:
+  """One transcript as Markdown for TensorBoard's text tab: the outcome line, then each turn's command (or
+  malformed reason) and output, each cut at ``max_chars``."""
+  cut = lambda s: s if len(s) <= max_chars else s[:max_chars] + " [...]"  # noqa: E731
+  head = (f"**{rec['task']}** ({rec['family']}, {rec['harness']}): success {rec['success']}, checks "
+          f"{rec['passed']}/{rec['total']}, reward {rec['reward']}, stop {rec['stop_reason']}"
+          + (f", infra {rec['failure_kind']}" if rec.get("failure_kind") else ""))
+  lines = [head, ""]
+  for t in rec["turns"]:
+    va = "" if t.get("value") is None else f" (value {t['value']:.4g}, advantage {t['advantage']:.4g})"
+    if t.get("command") is not None:
+      what = f"`$ {cut(t['command'])}` exit {t['exit_code']}"
+    elif t.get("malformed"):
+      what = f"malformed: {cut(t['malformed'])}"
+    else:
+      what = "done" if t.get("done") else t["kind"]
+    lines.append(f"turn {t['index']}{va}: {what}")
+    if t.get("command") is not None and t.get("output"):
+      lines += ["", "    " + cut(t["output"]).replace("\n", "\n    "), ""]
+  return "\n".join(lines)
+
+
 def encode(records: Iterable[dict]) -> bytes:
   """gzip JSON lines (one record a line)."""
   buf = io.BytesIO()

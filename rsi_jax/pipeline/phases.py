@@ -289,6 +289,9 @@ class RSRPhase(Phase):
 # ------------------------------------------------------------------------------------------ rollouts
 
 
+TB_EPISODES = 3  # episodes of each rollout step shown as TensorBoard text
+
+
 class RolloutPhase(Phase):
   """Phases that learn from episodes of the current actor (critic seed, RPR): one rollout step per phase
   step, then the PPO / value updates of :class:`~rsi_jax.pipeline.rpr.RPRTrainer`."""
@@ -422,8 +425,25 @@ class RolloutPhase(Phase):
     keep = select(eps, self.cfg.run.keep_transcripts, derive_seed(state.seed, "transcripts", i))
     trained = [bool(k) for k in ok]
     cfg, tasks, table = self.cfg, self.ctx.tasks_for(self.cfg), self.table
-    self.transcripts.write(i + 1, build=lambda: _transcripts(cfg, tasks, table, eps, rewards, trained, targets,
-                                                             keep))
+    shown = set(select(keep, f"sample:{TB_EPISODES}", derive_seed(state.seed, "tensorboard", i)))
+
+    def build():
+      recs = _transcripts(cfg, tasks, table, eps, rewards, trained, targets, keep)
+      self._tensorboard_text(i + 1, [r for k, r in enumerate(recs) if k in shown])
+      return recs
+    self.transcripts.write(i + 1, build=build)
+
+  def _tensorboard_text(self, step: int, recs: list[dict]):
+    """A few of the step's episodes as TensorBoard text (``<run>/tensorboard/episodes``, tag
+    ``<phase>/episodes``, at the phase's step), for readers who stay in TensorBoard."""
+    from rsi_jax.env.transcripts import text_summary
+    if not recs:
+      return
+    if getattr(self, "_tb", None) is None:
+      from tensorboardX import SummaryWriter
+      self._tb = SummaryWriter(str(epath.Path(self.ctx.run_dir) / "tensorboard" / "episodes"), flush_secs=10)
+    self._tb.add_text(f"{self.name}/episodes", "\n\n---\n\n".join(text_summary(r) for r in recs), step)
+    self._tb.flush()
 
   def _sampler_delta(self) -> dict:
     """The samplers' prompt work since the previous step, summed over every process's sampler: tokens
@@ -451,6 +471,9 @@ class RolloutPhase(Phase):
   def close(self):
     try:
       self.transcripts.close()  # what the steps queued is written, also when the phase stops early
+      if getattr(self, "_tb", None) is not None:
+        self._tb.close()
+        self._tb = None
     finally:
       self._close_rollouts()
 
@@ -514,12 +537,12 @@ class RolloutPhase(Phase):
       train = self.trainer.start_actor(train)  # fresh AdamW state for the actor after the critic-only steps
     t1 = time.time()
     train, m = self.trainer.step(train, batch, train_actor, version=version)
+    if multihost.is_primary():  # built and written on the writer's thread, off the step's path
+      self._keep_transcripts(state, i, eps, rewards, ok, self.trainer.last_targets)
     if train_actor:
       ctx.serve(train.actor, wait=self._ahead is None)  # async: in-flight episodes finish on the old weights
     t_train = time.time() - t1
     gen_tokens = sum(e.generated_tokens for e in eps)
-    if multihost.is_primary():  # built and written on the writer's thread, off the step's path
-      self._keep_transcripts(state, i, eps, rewards, ok, self.trainer.last_targets)
     valid = mask > 0
     m.update(  # reward and success over the episodes trained on (scored and fresh enough)
         train_actor=int(train_actor), reward_mean=_mean(rewards[ok]), success_mean=_mean(
@@ -536,10 +559,6 @@ class RolloutPhase(Phase):
     return dataclasses.replace(state, train=train), m
 
 
-def pool_key(cfg) -> tuple:
-  """Which task pool a (phase) config draws from."""
-  return cfg.env.tasks_dir, cfg.env.max_tasks
-
 def _transcripts(cfg, tasks, table, eps, rewards, trained, targets, keep) -> list[dict]:
   """The records of a rollout step's kept episodes (``keep``: their indices), with each turn's critic value and
   TB-GAE advantage from the step's ``targets``."""
@@ -555,6 +574,10 @@ def _transcripts(cfg, tasks, table, eps, rewards, trained, targets, keep) -> lis
                               output_cap_bytes=cfg.env.output_cap_bytes))
   return out
 
+
+def pool_key(cfg) -> tuple:
+  """Which task pool a (phase) config draws from."""
+  return cfg.env.tasks_dir, cfg.env.max_tasks
 
 
 def funnel_tasks(pool, families, max_tasks: int, phase: str) -> list:
