@@ -19,6 +19,10 @@ mesh at once; the loop switches between steps. ``swap_policy="finish_on_old"``: 
 in flight finish on the old weights, then the switch happens (every completion comes from one version).
 ``"mark"``: the switch happens at the next step and requests in flight continue on the new weights;
 their completions carry ``version_changed=True`` and the version that sampled their last token.
+
+With a :class:`~rsi_jax.sampler.paged.PagedEngine`, admission, prefill and the KV blocks of each request go
+through a :class:`~rsi_jax.sampler.paged_scheduler.PagedScheduler` (block tables, prefix reuse, chunked
+prefill between decode calls).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from rsi_jax import policy as P
 from rsi_jax.config import Config
 from rsi_jax.sampler.engine import Engine
 from rsi_jax.sampler.factory import build_engine
+from rsi_jax.sampler.paged import BlockPool, PagedEngine
+from rsi_jax.sampler.paged_scheduler import PagedScheduler
 
 QWEN3_EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
 
@@ -55,13 +61,7 @@ class _Request:
   # Set exactly once, under the server's lock, by whoever ends the request: a completion, cancel() or the
   # close path. Only that one completes the future, so each future ends once.
   done: bool = False
-  # paged engine only
-  blocks: list = dataclasses.field(default_factory=list)  # KV pool block of each of its blocks, in order
-  reserve: int = 0  # blocks reserved at admission and not yet taken
-  cursor: int = 0  # next prompt position to prefill
-  decode_pos: int = 0  # next position a decode step writes (once decoding)
-  decoding: bool = False
-  hashes: tuple = (None, [])  # (weight-version root, chain hashes of the prompt's full blocks)
+  kv: object = None  # paged engine: its KV state, owned by the PagedScheduler (a paged_scheduler.KVSeq)
 
 
 @dataclasses.dataclass
@@ -103,9 +103,9 @@ class SamplerServer:
     prefix_cache: paged engine: reuse cached prefix blocks (``sampler.prefix_cache``).
 
   With a :class:`~rsi_jax.sampler.paged.PagedEngine` a request is admitted when a slot is free *and* the KV
-  pool can reserve the blocks of its prompt plus ``max_new_tokens`` (otherwise it waits in the queue; blocks
-  are then taken as the sequence grows); its prompt is prefilled in chunks, one chunk per loop turn between
-  decode calls, starting after the longest cached prefix.
+  pool can reserve the blocks of its prompt plus ``max_new_tokens`` (otherwise it waits in the queue); its
+  prompt is prefilled in chunks, one chunk per loop turn between decode calls, starting after the longest
+  cached prefix (:class:`~rsi_jax.sampler.paged_scheduler.PagedScheduler`).
   """
 
   def __init__(self, engine: Engine, params, *, tokenizer=None, eos_token_ids: Sequence[int] | None = None,
@@ -128,16 +128,12 @@ class SamplerServer:
     self.prompt_overflow = prompt_overflow
     self.vocab_size = int(engine.config.vocab_size)
     self.stats = ServerStats()
-    from rsi_jax.sampler.paged import BlockPool, PagedEngine
-    self._paged = isinstance(engine, PagedEngine)
-    self.prompt_limit = prompt_limit(self._paged, engine.max_cache_length, engine.max_prefill_length,
+    paged = isinstance(engine, PagedEngine)
+    self.prompt_limit = prompt_limit(paged, engine.max_cache_length, engine.max_prefill_length,
                                      max_input_tokens)
-    if self._paged:
-      self.pool = BlockPool(engine.kv_blocks, engine.block_size, prefix_cache)
-      self._tables = np.full((engine.num_slots, engine.table_width), engine.kv_blocks, np.int32)
-      self._tables_dev = None  # device copy of _tables, None when stale
-      self._prefilling: collections.deque = collections.deque()  # (slot, request) in admission order
-
+    # The paged engine's KV bookkeeping; None on the slot / maxtext engines.
+    self._paged = (PagedScheduler(engine, prefix_cache=prefix_cache, decode_steps=self.decode_steps,
+                                  version=weight_version, stats=self.stats) if paged else None)
     self._params = engine.load_params(params)
     self._version = weight_version
     self._pending_swap = None  # (params, version) waiting to be applied
@@ -175,6 +171,11 @@ class SamplerServer:
     return self._version
 
   @property
+  def pool(self) -> BlockPool | None:
+    """The paged engine's KV block pool (None on the other engines)."""
+    return None if self._paged is None else self._paged.pool
+
+  @property
   def max_prompt_tokens(self) -> int | None:
     """Longest prompt served whole (None with ``truncate_left``, which serves any length by cutting it)."""
     return None if self.prompt_overflow == "truncate_left" else self.prompt_limit
@@ -193,7 +194,7 @@ class SamplerServer:
     limit = self.prompt_limit
     if prompt.size > limit:
       if self.prompt_overflow == "error":
-        what = ("the limit (rollout.max_input_tokens / sampler.max_cache_length - 1)" if self._paged
+        what = ("the limit (rollout.max_input_tokens / sampler.max_cache_length - 1)" if self._paged is not None
                 else "sampler.max_prefill_length")
         raise ValueError(f"prompt of {prompt.size} tokens exceeds {what}={limit}")
       if self.prompt_overflow == "reject":
@@ -294,26 +295,26 @@ class SamplerServer:
           while self._queue and self._pending_swap is None and None in self._slots:
             slot = self._slots.index(None)
             req = self._queue[0]
-            if self._paged and not self._reserve(slot, req):
+            if self._paged is not None and not self._paged.admit(slot, req):
               break  # the KV pool is full: the request waits (in order) until blocks are released
             self._queue.popleft()
             req.start_version = req.version = self._version
             self._slots[slot] = req
             admit.append((slot, req))
-        if self._paged:
-          self._prefilling.extend(admit)
-          admitted = self._prefill_step()
+        if self._paged is not None:  # admitted requests were queued for chunked prefill
+          self._state, admitted = self._paged.prefill_step(self._params, self._state)
         else:
           admitted = [self._prefill_into(slot, req) for slot, req in admit]
-        snapshot = [r if r is not None and (r.decoding or not self._paged) else None for r in self._slots]
+        snapshot = [r if r is not None and (self._paged is None or self._paged.decoding(r)) else None
+                    for r in self._slots]
         if any(r is not None for r in snapshot):
-          if self._paged:
+          if self._paged is not None:
             self._state, result = self.engine.generate_steps(self._params, self._state, self.decode_steps,
-                                                             self._decode_tables(snapshot))
+                                                             self._paged.decode_tables(snapshot))
           else:
             self._state, result = self.engine.generate_steps(self._params, self._state, self.decode_steps)
           self.stats.decode_steps += self.decode_steps
-          if self._paged and self._prefilling:
+          if self._paged is not None and self._paged.prefilling:
             self.stats.interleaved_steps += self.decode_steps
           self.stats.busy_slot_steps += self.decode_steps * sum(r is not None for r in snapshot)
           if pending is not None:
@@ -350,8 +351,8 @@ class SamplerServer:
     self._params, self._version = self._pending_swap
     self._pending_swap = None
     self.stats.swaps += 1
-    if self._paged:
-      self.pool.forget()  # cached keys were computed by the old weights
+    if self._paged is not None:
+      self._paged.swap(self._version)  # cached keys were computed by the old weights
     self._cv.notify_all()
 
   def _prefill_into(self, slot: int, req: _Request):
@@ -366,113 +367,13 @@ class SamplerServer:
     self._state = self.engine.insert(prefix, self._state, slot)
     return slot, req, prefix.token, prefix.logprob
 
-  # ------------------------------------------------------------------------------------------ paged
-
-  def _root(self) -> bytes:
-    return f"weights-v{self._version}".encode()
-
-  def _reserve(self, slot: int, req: _Request) -> bool:
-    """Admission on the paged engine: take the request's longest cached prefix and reserve blocks for the
-    rest of its prompt and ``max_new_tokens``; False (nothing taken) if the pool cannot hold them yet."""
-    from rsi_jax.sampler.paged import block_hashes
-    pool, bs, n = self.pool, self.engine.block_size, int(req.prompt.size)
-    # Only blocks strictly before the last prompt token: that token is always computed (it samples the first
-    # generated token).
-    if req.hashes[0] != self._root():  # once per request (again after a swap): it may wait many loop turns
-      req.hashes = (self._root(), block_hashes(req.prompt, bs, (n - 1) // bs, self._root()))
-    cached = pool.lookup(req.hashes[1])
-    extent = min(n + req.params.max_new_tokens, self.engine.max_cache_length)
-    need = -(-extent // bs) - len(cached)
-    if need > pool.available() - sum(int(pool.ref[b] == 0) for b in cached):
-      return False
-    for b in cached:
-      pool.take(b)
-    pool.reserved += need
-    req.reserve, req.blocks, req.cursor = need, list(cached), len(cached) * bs
-    self._tables[slot] = self.engine.kv_blocks
-    self._tables[slot, :len(cached)] = cached
-    self._tables_dev = None
-    self.stats.reused_tokens += req.cursor
-    return True
-
-  def _grow(self, slot: int, req: _Request, upto: int):
-    """Give the request blocks for its positions < ``upto`` (from its reservation; positions past the
-    reservation are never needed and their writes are dropped)."""
-    bs = self.engine.block_size
-    while len(req.blocks) * bs < upto and req.reserve > 0:
-      b = self.pool.allocate()
-      self.pool.reserved -= 1
-      req.reserve -= 1
-      self._tables[slot, len(req.blocks)] = b
-      req.blocks.append(b)
-      self._tables_dev = None
-
-  def _register(self, req: _Request, tokens, upto: int):
-    """Enter the request's full blocks of positions < ``upto`` into the prefix cache (same weights only)."""
-    from rsi_jax.sampler.paged import block_hashes
-    if req.start_version != self._version or req.version != self._version:
-      return
-    for b, h in zip(req.blocks, block_hashes(tokens, self.engine.block_size, upto // self.engine.block_size,
-                                             self._root())):
-      self.pool.register(b, h)
-
-  def _prefill_step(self):
-    """One prefill chunk of the oldest request still prefilling. Returns the first-token records of a
-    request whose prompt it completed."""
-    while self._prefilling and self._prefilling[0][1].done:  # cancelled while prefilling
-      self._prefilling.popleft()
-    if not self._prefilling:
-      return []
-    slot, req = self._prefilling[0]
-    sp, n = req.params, int(req.prompt.size)
-    start = req.cursor
-    end = min(n, start + self.engine.chunk_size)
-    self._grow(slot, req, end)
-    last = end == n
-    self._state, res = self.engine.prefill_chunk(
-        self._params, self._state, req.prompt[start:end], start, self._tables[slot], slot, req.key,
-        temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, last=last)
-    req.cursor = end
-    self.stats.prefill_chunks += 1
-    self.stats.prefill_tokens += end - start
-    if not last:
-      return []
-    self._prefilling.popleft()
-    self.stats.prefills += 1
-    self._register(req, req.prompt, n)
-    req.decoding, req.decode_pos = True, n
-    return [(slot, req, res.token, res.logprob)]
-
-  def _decode_tables(self, snapshot):
-    """Blocks for every position the next call writes, then the (device) block tables."""
-    for slot, req in enumerate(snapshot):
-      if req is not None:
-        self._grow(slot, req, req.decode_pos + self.decode_steps)
-        self.stats.kv_live_positions += req.decode_pos
-        self.stats.kv_held_positions += len(req.blocks) * self.engine.block_size
-        req.decode_pos += self.decode_steps
-    if self._tables_dev is None:
-      self._tables_dev = jax.device_put(self._tables)
-    return self._tables_dev
-
   def _release_slot(self, slot: int, req: _Request, finished: bool):
-    """Free the slot; on the paged engine give its blocks back (a finished request first enters the full
-    blocks of its prompt and generated tokens into the prefix cache: every position but the last sampled
-    token's holds its keys)."""
+    """Free the slot; on the paged engine give its blocks back (:meth:`PagedScheduler.release`)."""
     self._state = self.engine.free(self._state, slot)
     if self._slots[slot] is req:
       self._slots[slot] = None
-    if not self._paged:
-      return
-    if finished and req.decoding:
-      self._register(req, np.concatenate([req.prompt, np.asarray(req.tokens, np.int32)]),
-                     int(req.prompt.size) + len(req.tokens) - 1)
-    for b in req.blocks:
-      self.pool.release(b)
-    self.pool.reserved -= req.reserve
-    req.blocks, req.reserve, req.decoding = [], 0, False
-    self._tables[slot] = self.engine.kv_blocks
-    self._tables_dev = None
+    if self._paged is not None:
+      self._paged.release(slot, req, finished)
 
   def _record(self, result, snapshot, version, admitted=()):
     """Host side of one engine call ((steps, S) results): ``snapshot`` (request per slot), ``version`` as at

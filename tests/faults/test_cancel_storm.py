@@ -211,7 +211,7 @@ def test_cancel_storm(engine_paged, actor_params):
 
   # Nothing held: free slots, empty queues, and every KV block free or cached-unused, none reserved.
   assert server._slots == [None] * engine_paged.num_slots
-  assert not server._queue and not server._prefilling and not server._cancelled_slots  # nothing in flight
+  assert not server._queue and not server._paged.prefilling and not server._cancelled_slots  # nothing in flight
   pool = server.pool
   assert pool.reserved == 0 and not pool.ref.any()
   assert sorted(list(pool.free) + list(pool.evictable)) == list(range(pool.num_blocks))
