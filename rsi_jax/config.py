@@ -4,8 +4,9 @@ Layout (MaxText style): ``configs/base.yml`` holds every default; a run file nam
 ``base_config:`` and its model with ``model_name:`` (loaded from ``configs/models/<name>.yml`` into the
 ``model`` section); command-line ``key=value`` overrides come last, with dotted keys for sections
 (``actor_optim.learning_rate=1e-7``, ``mesh.ici_fsdp_parallelism=4``). Phase files
-(``configs/phases/<phase>.yml``) are overlays the pipeline applies under the command line
-(:func:`rsi_jax.pipeline.driver.phase_config`).
+(``configs/phases/<phase>.yml``) fill in, per phase, what the user's files (the run file chain, ``base.yml``
+aside) and command line did not set; the run file's ``pipeline.phase_overrides`` and then the command line come
+over them (:func:`rsi_jax.pipeline.driver.phase_config`).
 
 Every section is a frozen dataclass; the schema *is* the dataclasses below. Unknown keys, wrong types and
 impossible values raise :class:`ConfigError` naming the dotted key. The resulting :class:`Config` is passed
@@ -488,8 +489,8 @@ class PipelineConfig:
   # or a checkpoint folder (an Orbax step folder, or a phase folder whose newest step is taken).
   actor_from: dict = dataclasses.field(default_factory=dict)
   critic_from: dict = dataclasses.field(default_factory=dict)
-  # Per-phase config overrides from a run file or the command line ({phase: {section: {key: value}}}), over
-  # configs/phases/<phase>.yml; plain command-line key=value overrides win over both.
+  # Per-phase config overrides from a run file or the command line ({phase: {section: {key: value}}}), over the
+  # run file and configs/phases/<phase>.yml; plain command-line key=value overrides win over both.
   phase_overrides: dict = dataclasses.field(default_factory=dict)
 
   def validate(self, p):
@@ -499,14 +500,15 @@ class PipelineConfig:
       _check(phase_kind(ph) is not None, f"{p}.phases",
              f"unknown phase {ph!r} (known: rsr<N>, critic_seed, rpr<N>)")
     _check(len(set(self.phases)) == len(self.phases), f"{p}.phases", f"a phase is listed twice: {list(self.phases)}")
-    for k in ("actor_from", "critic_from", "phase_overrides"):
+    for k in ("actor_from", "critic_from"):
       for ph, v in getattr(self, k).items():
         _check(ph in self.phases, f"{p}.{k}.{ph}", f"not a phase of the plan {list(self.phases)}")
-        if k != "phase_overrides":
-          _check(isinstance(v, str) and v != "", f"{p}.{k}.{ph}",
-                 f"must be 'previous', 'init' or a checkpoint path, got {v!r}")
-        else:
-          _check(isinstance(v, Mapping), f"{p}.{k}.{ph}", f"must be a mapping of config sections, got {v!r}")
+        _check(isinstance(v, str) and v != "", f"{p}.{k}.{ph}",
+               f"must be 'previous', 'init' or a checkpoint path, got {v!r}")
+    for ph, v in self.phase_overrides.items():  # a run file's per-phase values: a narrower plan may leave some out
+      _check(phase_kind(ph) is not None, f"{p}.phase_overrides.{ph}",
+             f"unknown phase {ph!r} (known: rsr<N>, critic_seed, rpr<N>)")
+      _check(isinstance(v, Mapping), f"{p}.phase_overrides.{ph}", f"must be a mapping of config sections, got {v!r}")
     _check(self.rollout_steps > 0, f"{p}.rollout_steps", "must be > 0")
     _check(0 <= self.critic_only_steps <= self.rollout_steps, f"{p}.critic_only_steps",
            f"must be in [0, rollout_steps={self.rollout_steps}], got {self.critic_only_steps}")
@@ -542,6 +544,14 @@ class Config:
   rsr: RSRConfig = dataclasses.field(default_factory=RSRConfig)
   eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
   pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
+  # The dotted keys the user set (not a config key): a loaded run file chain without configs/base.yml, the
+  # command line, and the overrides applied since (see user_keys).
+  _user_keys: typing.ClassVar[frozenset] = frozenset()
+
+  def user_keys(self) -> frozenset:
+    """The dotted keys (``actor_optim.learning_rate``, ``env.image_map``) the user's files and command line
+    set: what :func:`load_phase_overlay` leaves to them. Keys set by ``configs/base.yml`` are not among them."""
+    return self._user_keys
 
   def validate(self, p=""):
     for f in dataclasses.fields(self):
@@ -566,8 +576,10 @@ _META_KEYS = ("base_config", "model_name")
 def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Config:
   """Load a YAML run file (with ``base_config`` inheritance) and apply ``key=value`` overrides."""
   tree: dict = {}
+  user: dict = {}  # what the user's files say: the chain without the shipped configs/base.yml
   if path is not None:
     tree = _load_yaml_chain(Path(path))
+    user = _load_yaml_chain(Path(path), shipped_base=False)
   ov = parse_overrides(overrides)
   # model_name may itself be overridden on the command line.
   model_name = tree.pop("model_name", None)
@@ -578,7 +590,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
     model_tree = load_model_file(str(model_name))
     tree["model"] = _deep_merge(model_tree, tree.get("model", {}) or {})
   tree = _deep_merge(tree, _nest(ov))
-  return build_config(tree)
+  user = {k: v for k, v in user.items() if k not in _META_KEYS}
+  return _with_user_keys(build_config(tree), _leaf_keys(_deep_merge(user, _nest(ov))))
 
 
 def load_cli_config(path: str, overrides: Sequence[str]) -> Config:
@@ -600,10 +613,16 @@ def load_model_file(name: str) -> dict:
   return data
 
 
-def load_phase_overlay(phase: str) -> dict:
-  """The overlay ``configs/phases/<phase>.yml`` (a nested dict of section overrides), {} if absent."""
+def load_phase_overlay(phase: str, under: Config | None = None, cli: Sequence[str] = ()) -> dict:
+  """The overlay ``configs/phases/<phase>.yml`` (a nested dict of section overrides), {} if absent. With
+  ``under``, less every key the user set for that config (:meth:`Config.user_keys`) or ``cli`` sets: what a
+  user wrote wins over the shipped phase files."""
   f = CONFIG_DIR / "phases" / f"{phase}.yml"
-  return _read_yaml(f) if f.exists() else {}
+  overlay = _read_yaml(f) if f.exists() else {}
+  if under is None and not cli:
+    return overlay
+  keys = (under.user_keys() if under is not None else frozenset()) | _leaf_keys(_nest(parse_overrides(cli)))
+  return _without(overlay, keys)
 
 
 def build_config(tree: Mapping[str, Any]) -> Config:
@@ -613,14 +632,15 @@ def build_config(tree: Mapping[str, Any]) -> Config:
   learning rate and clip, not ``OptimConfig``'s)."""
   cfg = _build(Config, _deep_merge(Config().to_dict(), tree), "")
   cfg.validate()
-  return cfg
+  return _with_user_keys(cfg, _leaf_keys(tree))
 
 
 def with_overrides(cfg: Config, overrides: Mapping[str, Any] | Sequence[str]) -> Config:
   """A new validated Config with nested-dict or ``key=value`` overrides applied."""
   if not isinstance(overrides, Mapping):
     overrides = _nest(parse_overrides(overrides))
-  return build_config(_deep_merge(cfg.to_dict(), dict(overrides)))
+  return _with_user_keys(build_config(_deep_merge(cfg.to_dict(), dict(overrides))),
+                         cfg.user_keys() | _leaf_keys(overrides))
 
 
 def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
@@ -686,7 +706,9 @@ def _read_yaml(f: Path) -> dict:
   return data
 
 
-def _load_yaml_chain(path: Path, seen: tuple = ()) -> dict:
+def _load_yaml_chain(path: Path, seen: tuple = (), shipped_base: bool = True) -> dict:
+  """A run file merged over the files its ``base_config`` names; without ``shipped_base``, configs/base.yml
+  (the shipped defaults) left out of the chain: what the user's own files say."""
   if not path.exists():
     alt = CONFIG_DIR / path
     if alt.exists():
@@ -696,6 +718,8 @@ def _load_yaml_chain(path: Path, seen: tuple = ()) -> dict:
   path = path.resolve()
   if path in seen:
     raise ConfigError(f"base_config: cycle through {path}")
+  if not shipped_base and path == (CONFIG_DIR / "base.yml").resolve():
+    return {}
   data = _read_yaml(path)
   if not data:  # an empty run file would start a default run of every task without a word
     raise ConfigError(f"config file {path} is empty (start from configs/smoke.yml or configs/base.yml)")
@@ -703,9 +727,42 @@ def _load_yaml_chain(path: Path, seen: tuple = ()) -> dict:
   if base is None:
     return data
   base_path = (path.parent / base) if not os.path.isabs(base) else Path(base)
-  parent = _load_yaml_chain(base_path, seen + (path,))
+  parent = _load_yaml_chain(base_path, seen + (path,), shipped_base)
   # The child's model_name wins over the parent's.
   return _deep_merge(parent, data)
+
+
+def _leaf_keys(tree: Mapping, prefix: str = "") -> frozenset:
+  """The dotted keys of a nested dict's values (an empty dict is a value, so is a command-line value)."""
+  out = set()
+  for k, v in tree.items():
+    if isinstance(v, Mapping) and v:
+      out |= _leaf_keys(v, f"{prefix}{k}.")
+    else:
+      out.add(f"{prefix}{k}")
+  return frozenset(out)
+
+
+def _without(tree: Mapping, keys: frozenset, prefix: str = "") -> dict:
+  """``tree`` less every value at, inside or around a dotted key of ``keys`` (a dict the user set whole, or a
+  value of which the user set a part, goes entirely; sections the user set other keys of stay)."""
+  out = {}
+  for k, v in tree.items():
+    key = f"{prefix}{k}"
+    if key in keys or any(key.startswith(u + ".") for u in keys):
+      continue
+    if isinstance(v, Mapping) and v:
+      rest = _without(v, keys, key + ".")
+      if rest:
+        out[k] = rest
+    elif not any(u.startswith(key + ".") for u in keys):
+      out[k] = v
+  return out
+
+
+def _with_user_keys(cfg: Config, keys) -> Config:
+  object.__setattr__(cfg, "_user_keys", frozenset(keys))  # not a field: to_dict / dump_config never see it
+  return cfg
 
 
 def _nest(flat: Mapping[str, Any]) -> dict:

@@ -92,8 +92,8 @@ def test_phase_overlays():
 
 
 def test_command_line_wins_over_phase_files():
-  """A key=value given on the command line wins over configs/phases/<phase>.yml and phase_overrides; the
-  run file's values are overridden by the phase files (they set per-phase hyperparameters of the paper)."""
+  """A key=value given on the command line wins over configs/phases/<phase>.yml and phase_overrides; what the
+  smoke run file leaves to the phase files (its RPR values it names in phase_overrides) comes from them."""
   cli = ["actor_optim.learning_rate=3e-3", "reward.kind=fdr", "pipeline.checkpoint_every=7"]
   cfg = load_config(SMOKE, cli)
   for phase in ("rpr1", "rpr2"):
@@ -112,6 +112,76 @@ def test_command_line_wins_over_phase_files():
   bad = ["pipeline.phase_overrides={rpr1: {rl: {clip_lo: 1}}}"]
   with pytest.raises(ConfigError, match=r"phase rpr1: rl\.clip_lo: unknown config key"):
     phase_config(load_config(SMOKE, bad), "rpr1", bad)
+
+
+def _run_file(tmp_path, text: str, name: str = "run.yml"):
+  f = tmp_path / name
+  f.write_text(text)
+  return f
+
+
+def test_run_file_wins_over_shipped_phase_files(tmp_path):
+  """What the user's files say (the run file chain, configs/base.yml aside) wins over configs/phases/*.yml;
+  keys they leave alone still come from the phase file; pipeline.phase_overrides wins over the run file; the
+  command line wins over all."""
+  base = CONFIG_DIR / "base.yml"
+  middle = _run_file(tmp_path, f"base_config: {base}\nreward: {{kind: fdr}}\n", "middle.yml")
+  run = _run_file(tmp_path, f"base_config: {middle}\nactor_optim: {{learning_rate: 2.0e-5}}\n")
+  cfg = load_config(run)
+  assert cfg.user_keys() == {"reward.kind", "actor_optim.learning_rate"}  # base.yml's keys are not the user's
+  rpr2 = phase_config(cfg, "rpr2")
+  assert rpr2.actor_optim.learning_rate == 2e-5 and rpr2.reward.kind == "fdr"  # the run file chain's values
+  assert rpr2.pipeline.checkpoint_every == 2 and rpr2.rl.dynamic_balancing and rpr2.pipeline.micro_batch == 1
+  assert phase_config(cfg, "rpr1").actor_optim.learning_rate == 2e-5
+  # a run file that sets nothing the phase file sets: the phase file's values, although base.yml sets them too
+  plain = load_config(_run_file(tmp_path, f"base_config: {base}\nrun: {{name: plain}}\n", "plain.yml"))
+  assert phase_config(plain, "rpr2").actor_optim.learning_rate == 1e-7
+  assert phase_config(plain, "rpr2").reward.kind == "spr"
+  assert phase_config(load_config(base), "rpr1").actor_optim.learning_rate == 5e-7  # base.yml alone: no user keys
+  # the run file itself says otherwise for one phase: phase_overrides beats its run-wide value
+  ov = _run_file(tmp_path, f"base_config: {run}\npipeline:\n  phase_overrides:\n    rpr2:\n"
+                           f"      actor_optim: {{learning_rate: 3.0e-6}}\n", "ov.yml")
+  cfg = load_config(ov)
+  assert phase_config(cfg, "rpr2").actor_optim.learning_rate == 3e-6
+  assert phase_config(cfg, "rpr1").actor_optim.learning_rate == 2e-5
+  # the command line beats the run file, the phase file and phase_overrides
+  cli = ["actor_optim.learning_rate=9e-9", "pipeline.checkpoint_every=7"]
+  pc = phase_config(load_config(ov, cli), "rpr2", cli)
+  assert pc.actor_optim.learning_rate == 9e-9 and pc.pipeline.checkpoint_every == 7 and pc.reward.kind == "fdr"
+  # a section set whole on the command line takes the phase file's keys of that section out
+  assert load_phase_overlay("rpr2", plain, ["rl={dynamic_balancing: false}"]) == {
+      "reward": {"kind": "spr"}, "actor_optim": {"learning_rate": 1e-7},
+      "pipeline": {"checkpoint_every": 2, "micro_batch": 1}}
+  assert load_phase_overlay("rpr2") == {**load_phase_overlay("rpr2", plain, ["rl={dynamic_balancing: false}"]),
+                                        "rl": {"dynamic_balancing": True}}
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("smoke.yml", {"rsr1": (1e-4, 1), "critic_seed": (1e-4, 1), "rpr1": (5e-7, 5), "rsr2": (1e-4, 1),
+                   "rpr2": (1e-7, 2)}),
+    ("learn_check.yml", {"rsr0": (3e-3, 4), "rsr1": (3e-3, 4), "critic_seed": (3e-3, 4), "rpr1": (3e-4, 5)}),
+])
+def test_shipped_run_files_keep_their_per_phase_values(name, expected):
+  """The actor learning rate and checkpoint cadence each phase of the shipped run files runs with (the values
+  the phase files gave them over the run file before the run file won; RPR's are in their phase_overrides)."""
+  cfg = load_config(CONFIG_DIR / name)
+  got = {}
+  for phase in cfg.pipeline.phases:
+    pc = phase_config(cfg, phase)
+    got[phase] = (pc.actor_optim.learning_rate, pc.pipeline.checkpoint_every)
+  assert got == expected
+  assert phase_config(cfg, "rpr1").reward.kind == "fdr"
+
+
+def test_a_narrower_plan_leaves_the_run_files_other_phase_overrides_unused():
+  """pipeline.phases=[...] on the command line may leave out phases the run file gives values of their own."""
+  cli = ["pipeline.phases=[rsr1, rpr1]"]
+  cfg = load_config(SMOKE, cli)
+  assert "rpr2" in cfg.pipeline.phase_overrides
+  assert phase_config(cfg, "rpr1", cli).actor_optim.learning_rate == 5e-7
+  assert phase_config(cfg, "rsr1", cli).actor_optim.learning_rate == 1e-4
+  with pytest.raises(ConfigError, match=r"pipeline\.phase_overrides\.rpr_1: unknown phase 'rpr_1'"):
+    load_config(SMOKE, ["pipeline.phase_overrides={rpr_1: {rl: {ppo_epochs: 2}}}"])
 
 
 def test_weight_sources_from_the_command_line():

@@ -83,11 +83,13 @@ class PhaseSpec:
 
 
 def phase_config(cfg: Config, phase: str, cli_overrides: Sequence[str] = ()) -> Config:
-  """The config a phase runs with: ``cfg`` (base file, run file, command line) with the phase's overlay file
-  and ``pipeline.phase_overrides[phase]`` applied over it, then the command-line overrides again, so a
-  ``key=value`` given on the command line wins over every phase file."""
+  """The config a phase runs with: ``cfg`` (base file, run file, command line) with the shipped phase file
+  ``configs/phases/<phase>.yml`` applied where the user's files and command line set nothing (what a run file
+  says wins over the shipped phase files), then ``pipeline.phase_overrides[phase]`` (how a run file sets a
+  value for one phase), then the command-line overrides again, so a ``key=value`` wins over everything."""
   try:
-    tree = _deep_merge(load_phase_overlay(phase), _to_plain(cfg.pipeline.phase_overrides.get(phase, {})))
+    tree = _deep_merge(load_phase_overlay(phase, cfg, cli_overrides),
+                       _to_plain(cfg.pipeline.phase_overrides.get(phase, {})))
     return with_overrides(with_overrides(cfg, tree), cli_overrides)
   except ConfigError as e:
     raise ConfigError(f"phase {phase}: {e}") from None
