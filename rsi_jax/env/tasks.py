@@ -126,8 +126,8 @@ def load_task(path: str | Path, images: Callable[[str], str | None] | None = Non
   for a symbolic link that leaves the folder (absolute, through ``..`` or through a chain of links) or leads
   nowhere, a name that is not UTF-8, a file that is neither a regular file, a folder nor a link, a malformed
   metadata file or field, a missing file, an unsupported TB1 parser, and, given ``images`` (a check of one
-  ``FROM`` reference, e.g. :func:`rsi_jax.env.dockerfiles.image_check`), each base image it refuses. A folder with a link that leaves
-  it is not read any further."""
+  ``FROM`` reference, e.g. :func:`rsi_jax.env.dockerfiles.image_check`), each base image it refuses. A folder
+  with a link that leaves it is not read any further."""
   path = Path(path)
   if not path.is_dir():
     raise TaskError(f"{_show(str(path))}: not a task folder", "not a task folder")
