@@ -531,7 +531,8 @@ class Config:
 
   def user_keys(self) -> frozenset:
     """The dotted keys (``actor_optim.learning_rate``, ``env.image_map``) the user's files and command line
-    set: what :func:`load_phase_overlay` leaves to them. Keys set by ``configs/base.yml`` are not among them."""
+    set: what :func:`rsi_jax.config_loader.load_phase_overlay` leaves to them. Keys set by ``configs/base.yml``
+    are not among them."""
     return self._user_keys
 
   def validate(self, p=""):
