@@ -56,7 +56,7 @@ def run_dir(tmp_path_factory, docker_client):
   from rsi_jax.config import CONFIG_DIR, load_config
   from rsi_jax.pipeline.driver import Driver
   out = tmp_path_factory.mktemp("viewrun")
-  # a two-phase plan: the run file's per-phase values for phases it leaves out go too
+  # a two-phase plan with the command line's settings only (no per-phase values from the run file)
   ov = [f"run.output_dir={out}", "run.name=v", "pipeline.phases=[rsr1, rpr1]", "pipeline.phase_overrides={}", *TINY]
   Driver(load_config(CONFIG_DIR / "smoke.yml", ov), ov).run()
   return out / "v"
