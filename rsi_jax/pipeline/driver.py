@@ -747,8 +747,8 @@ class Driver:
           state, m = phase.step(state, i)
         except (StopRequested, AllEndpointsDown) as e:  # mid-step: keep the steps that completed, then stop
           if i > saved:
-            ckpts.save(i, full(state.train), meta())
             phase.flush()  # the step files of what is checkpointed are on storage first
+            ckpts.save(i, full(state.train), meta())
           ckpts.wait()
           if isinstance(e, AllEndpointsDown):
             raise
@@ -758,8 +758,8 @@ class Driver:
         bar.update(1)
         preempt = stop.now()
         if (i + 1) % cfg.pipeline.checkpoint_every == 0 or i + 1 == n or preempt:
-          ckpts.save(i + 1, full(state.train), meta())
           phase.flush()  # the step files of what is checkpointed are on storage first
+          ckpts.save(i + 1, full(state.train), meta())
           saved = i + 1
         if self.on_step is not None:
           self.on_step(spec.name, i + 1, m)
@@ -771,13 +771,13 @@ class Driver:
             self._evaluate_or_stop(ctx, spec.name, i + 1, state.train.actor, ckpts.step_dir(i + 1))
           except Preempted:  # the rerun resumes after this step and evaluates it again
             if i + 1 > saved:
-              ckpts.save(i + 1, full(state.train), meta())
               phase.flush()  # the step files of what is checkpointed are on storage first
+              ckpts.save(i + 1, full(state.train), meta())
             ckpts.wait()
             raise
       if n == 0 and ckpts.latest_step() is None:  # nothing to train on: the phase's output is its input
-        ckpts.save(0, full(state.train), meta())
         phase.flush()  # the step files of what is checkpointed are on storage first
+        ckpts.save(0, full(state.train), meta())
       ckpts.wait()
     finally:
       self.console.close_bar()
