@@ -20,7 +20,7 @@ PACKAGE = "rsi_jax"
 LAYERS = (
     ("base", ("rsi_jax", "rsi_jax.config", "rsi_jax.config_schema", "rsi_jax.config_loader", "rsi_jax.log",
               "rsi_jax.stop", "rsi_jax.policy",
-              "rsi_jax.distributed", "rsi_jax.units", "rsi_jax.cli")),  # import only each other
+              "rsi_jax.distributed", "rsi_jax.units", "rsi_jax.cli", "rsi_jax.jsonl")),  # import only each other
     ("rl", ("rsi_jax.rl",)),  # RL math, rewards, CTRF, outcome tables: numpy / JAX only
     ("models", ("rsi_jax.models",)),  # MaxText actor / critic, HF import, checkpoints, optimizer step
     ("sampler", ("rsi_jax.sampler",)),  # decode engines and the serving loop over an actor's params

@@ -32,6 +32,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from etils import epath
 
+from rsi_jax.jsonl import parse_lines
+
 log = logging.getLogger(__name__)
 
 SUFFIX = ".jsonl.gz"
@@ -167,14 +169,7 @@ def read_transcripts(path) -> list[dict]:
     text = gzip.decompress(raw).decode("utf-8", errors="replace")
   except (EOFError, OSError, gzip.BadGzipFile):
     text = _partial_gunzip(raw)
-  out = []
-  for line in text.splitlines():
-    if line.strip():
-      try:
-        out.append(json.loads(line))
-      except json.JSONDecodeError:
-        pass
-  return out
+  return parse_lines(text)
 
 
 def _partial_gunzip(raw: bytes) -> str:

@@ -19,6 +19,8 @@ import uuid
 
 from etils import epath
 
+from rsi_jax.jsonl import parse_lines
+
 # metric name in the records -> plot title; what a person reads to see whether the run learns
 PLOTS = {
     "reward_mean": "reward (mean over used episodes)",
@@ -39,14 +41,7 @@ def read_jsonl(path) -> list[dict]:
   path = epath.Path(path)
   if not path.exists():
     return []
-  out = []
-  for line in path.read_text().splitlines():
-    if line.strip():
-      try:
-        out.append(json.loads(line))
-      except json.JSONDecodeError:
-        pass
-  return out
+  return parse_lines(path.read_text())
 
 
 def _repair_cut_line(path):
