@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import logging as stdlib_logging
 import sys
+import traceback
 from collections.abc import Iterable
 
 from absl import logging
@@ -27,7 +29,12 @@ class LibraryOutputToFile:
   """Send everything libraries print (Python prints and logging, absl / Orbax INFO, XLA's C++ warnings on
   file descriptors 1 and 2) to ``path``, and keep the terminal for the run's own lines: ``console_out`` /
   ``console_err`` write to the original stdout / stderr. Restores both descriptors on exit. ``own_warnings``:
-  this package's own warnings (loggers ``rsi_jax.*``, WARNING and above) also reach ``console_err``."""
+  this package's own warnings (loggers ``rsi_jax.*``, WARNING and above) also reach ``console_err``.
+
+  Library objects finalized late also report to ``path``, not the terminal: on exit a garbage collection runs
+  while the descriptors still point at the file, and afterwards "Exception ignored in ..." reports (Python's
+  unraisable hook; e.g. the read coroutines Orbax abandons when a corrupted checkpoint fails to restore, closed
+  at interpreter shutdown) are appended to it."""
 
   def __init__(self, path: str, own_warnings: bool = False):
     self.path = path
@@ -53,6 +60,7 @@ class LibraryOutputToFile:
 
   def __exit__(self, *exc):
     import os
+    gc.collect()  # finalize what libraries left behind while their reports still reach the file
     if self._handler is not None:
       stdlib_logging.getLogger("rsi_jax").removeHandler(self._handler)
       self._handler = None
@@ -65,3 +73,21 @@ class LibraryOutputToFile:
     self._log.close()
     self.console_out.flush()
     self.console_err.flush()
+    sys.unraisablehook = _AppendUnraisable(self.path)
+
+
+class _AppendUnraisable:
+  """``sys.unraisablehook`` appending each report to a log file (opened per report: the run's own handle is
+  closed by then); the default hook when the file cannot be written."""
+
+  def __init__(self, path: str):
+    self.path = path
+
+  def __call__(self, u) -> None:
+    try:
+      lines = [f"{u.err_msg or 'Exception ignored in'}: {u.object!r}\n"]
+      lines += traceback.format_exception(u.exc_type, u.exc_value, u.exc_traceback)
+      with open(self.path, "a") as f:
+        f.writelines(lines)
+    except Exception:  # noqa: BLE001 - a report that cannot be written goes where Python puts it
+      sys.__unraisablehook__(u)
