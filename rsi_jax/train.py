@@ -86,7 +86,7 @@ def _run_program(config_path: str, overrides, after, distributed: bool) -> int:
     setup_logging(cfg.run.log_level)
     logging.info("config %s with %d override(s)\n%s", config_path, len(overrides), dump_config(cfg))
     try:
-      preflight(cfg, overrides)
+      plan = preflight(cfg, overrides)
     except PreflightError as e:
       print(f"cannot start: {e}", file=out.console_err, flush=True)
       return 2
@@ -94,7 +94,7 @@ def _run_program(config_path: str, overrides, after, distributed: bool) -> int:
                       progress=cfg.run.progress and primary)
     console.line(f"log: {log_path}")
     try:
-      r = Driver(cfg, overrides, console=console).run()
+      r = Driver(cfg, overrides, console=console, plan=plan).run()
     except Preempted as e:
       console.line(e.message())
       return 130 if e.signal_name == "Ctrl-C" else 0

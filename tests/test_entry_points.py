@@ -42,3 +42,32 @@ def test_train_on_a_device_count_that_does_not_fit_says_why_in_one_line(tmp_path
   assert len(lines) == 1 and lines[0].startswith("cannot start: mesh.ici_")
   assert "xla_force_host_platform_device_count" in lines[0] and "has 1" in lines[0]
   assert p.stdout == ""
+
+
+_COUNT_PREFLIGHTS = """
+import sys
+import rsi_jax.pipeline.driver as driver
+from rsi_jax import train
+calls, check = [], driver.preflight
+def counted(*a, **k):
+  calls.append(1)
+  return check(*a, **k)
+driver.preflight = counted
+rc = train.run_program("configs/smoke.yml", sys.argv[1:])
+print(f"preflights={len(calls)} rc={rc}")
+"""
+
+
+def test_the_pre_flight_checks_run_once_per_start(tmp_path):
+  """train checks the config and the machine once: the Driver takes the plan those checks returned instead of
+  checking again. The start is stopped by the first check that needs the run folder (a resume whose config
+  differs), so no model is built."""
+  run = tmp_path / "smoke"
+  run.mkdir()
+  (run / "metrics.jsonl").write_text("")  # an earlier run is there
+  (run / "config.yml").write_text("rollout:\n  global_batch: 12345\n")
+  p = subprocess.run([sys.executable, "-c", _COUNT_PREFLIGHTS, f"run.output_dir={tmp_path}", "run.name=smoke"],
+                     cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                     env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+  assert p.stdout.strip().splitlines()[-1] == "preflights=1 rc=2", p.stdout + p.stderr[-3000:]
+  assert "rollout.global_batch: 12345 ->" in p.stderr, p.stderr[-3000:]

@@ -408,8 +408,9 @@ class Driver:
   """Runs ``cfg``'s phase plan in ``run.output_dir/run.name``, resuming what is there (``run.resume``)."""
 
   def __init__(self, cfg: Config, cli_overrides: Sequence[str] = (), console: Console | None = None,
-               on_step: Callable[[str, int, dict], None] | None = None):
+               on_step: Callable[[str, int, dict], None] | None = None, plan: list[PhaseSpec] | None = None):
     self.cfg = cfg
+    self.plan = plan  # what preflight(cfg, cli_overrides) returned, where the caller ran it; run() runs it otherwise
     self.cli = list(cli_overrides)
     self.console = console or Console(progress=cfg.run.progress)
     self.on_step = on_step  # test hook: called after each step is logged and checkpointed
@@ -422,7 +423,7 @@ class Driver:
   def run(self) -> dict:
     from rsi_jax.pipeline.metrics import MetricLogger
 
-    plan = preflight(self.cfg, self.cli)
+    plan = self.plan if self.plan is not None else preflight(self.cfg, self.cli)
     rd = epath.Path(self.run_dir)
     primary = multihost.is_primary()  # the process that writes the run's records
     resumed = bool(existing_run(self.cfg))
