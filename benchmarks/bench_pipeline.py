@@ -42,7 +42,8 @@ import time
 from pathlib import Path
 
 from rsi_jax.config import load_config
-from rsi_jax.pipeline.driver import Console, Driver
+from rsi_jax.pipeline.console import Console
+from rsi_jax.pipeline.driver import Driver
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ Layout (MaxText style): ``configs/base.yml`` holds every default; a run file nam
 (``actor_optim.learning_rate=1e-7``, ``mesh.ici_fsdp_parallelism=4``). Phase files
 (``configs/phases/<phase>.yml``) fill in, per phase, what the user's files (the run file chain, ``base.yml``
 aside) and command line did not set; the run file's ``pipeline.phase_overrides`` and then the command line come
-over them (:func:`rsi_jax.pipeline.driver.phase_config`).
+over them (:func:`rsi_jax.pipeline.plan.phase_config`).
 
 The schema (one frozen dataclass per section; unknown keys, wrong types and impossible values raise
 :class:`ConfigError` naming the dotted key) is :mod:`rsi_jax.config_schema`; reading the YAML chain, model

@@ -62,11 +62,14 @@ def _run_program(config_path: str, overrides, after, distributed: bool) -> int:
   if distributed:
     logging.set_verbosity(logging.WARNING)  # the log file is not open yet: no INFO lines on the console
     multihost.initialize()  # before anything asks JAX for its devices
-  from rsi_jax.pipeline.driver import (Console, Driver, InvariantError, Preempted, PreflightError,
-                                       check_output_location, preflight, run_dir_of)
+  from rsi_jax.pipeline.console import Console
+  from rsi_jax.pipeline.driver import Driver
+  from rsi_jax.pipeline.plan import PreflightError, check_output_location, preflight
+  from rsi_jax.pipeline.preemption import Preempted
+  from rsi_jax.pipeline.run_folder import run_dir_of
   from rsi_jax.env.pool import AllEndpointsDown
   from rsi_jax.models.checkpoint import CheckpointError
-  from rsi_jax.pipeline.phases import NoTrainableSamples
+  from rsi_jax.pipeline.phases import InvariantError, NoTrainableSamples
   run_dir = run_dir_of(cfg)
   # the other processes log to train.<process>.log and print only failures (asked only when distributed:
   # asking starts JAX's backends, whose messages would reach the console before the log file is open)

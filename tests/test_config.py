@@ -7,7 +7,7 @@ import yaml
 
 from rsi_jax.config import (CONFIG_DIR, Config, ConfigError, build_config, dump_config, load_config,
                             load_phase_overlay, with_overrides)
-from rsi_jax.pipeline.driver import phase_config
+from rsi_jax.pipeline.plan import phase_config
 
 SMOKE = CONFIG_DIR / "smoke.yml"
 

@@ -46,13 +46,14 @@ def test_train_on_a_device_count_that_does_not_fit_says_why_in_one_line(tmp_path
 
 _COUNT_PREFLIGHTS = """
 import sys
-import rsi_jax.pipeline.driver as driver
+import rsi_jax.pipeline.driver  # imported before the patch: the call sites must look preflight up when called
+import rsi_jax.pipeline.plan as plan
 from rsi_jax import train
-calls, check = [], driver.preflight
+calls, check = [], plan.preflight
 def counted(*a, **k):
   calls.append(1)
   return check(*a, **k)
-driver.preflight = counted
+plan.preflight = counted
 rc = train.run_program("configs/smoke.yml", sys.argv[1:])
 print(f"preflights={len(calls)} rc={rc}")
 """

@@ -13,25 +13,21 @@ and the console; each phase (:mod:`rsi_jax.pipeline.phases`) owns what its steps
 3. steps, each logged (``metrics.jsonl``, TensorBoard, one console line) and checkpointed every
    ``pipeline.checkpoint_every`` steps and at the phase's end (asynchronous Orbax writes); SIGTERM (or Ctrl-C)
    aborts what waits for episodes (a rollout step, the RSR funnel, an in-training evaluation), saves the
-   newest completed step, and stops with :class:`Preempted`; a cut evaluation runs again on the rerun;
+   newest completed step, and stops with :class:`~rsi_jax.pipeline.preemption.Preempted`; a cut evaluation
+   runs again on the rerun;
 4. invariants: Δφ = 0 across a phase that does not train the critic (RSR), a fresh optimizer state at every
    phase start; a violation raises :class:`~rsi_jax.pipeline.phases.InvariantError`;
 5. a lineage entry (``lineage.json``): where its weights came from, its output, content digests of both
    roles, the config digest, the reward-table digest and the code version.
+
+The plan and its pre-flight checks are :mod:`rsi_jax.pipeline.plan`, the run folder's layout
+:mod:`rsi_jax.pipeline.run_folder`, the stop notice :mod:`rsi_jax.pipeline.preemption`, the console lines
+:mod:`rsi_jax.pipeline.console`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import hashlib
 import json
-import logging
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -41,92 +37,19 @@ import jax.numpy as jnp
 from etils import epath
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rsi_jax.config import (REPO_ROOT, Config, ConfigError, _deep_merge, _to_plain, dump_config,
-                            load_phase_overlay, phase_kind, with_overrides)
-from rsi_jax.models.checkpoint import join, local_or_url, params_digest, resolve_checkpoint
+from rsi_jax.config import Config, dump_config
+from rsi_jax.models.checkpoint import join, params_digest, resolve_checkpoint
 from rsi_jax.pipeline import multihost
+from rsi_jax.pipeline import plan as phase_plan  # phase_plan.preflight: looked up when called
+from rsi_jax.pipeline.console import Console, format_step
 from rsi_jax.pipeline.phases import PHASES, InvariantError, PhaseState, RunContext, pool_key
+from rsi_jax.pipeline.plan import INIT, PREVIOUS, PhaseSpec, PreflightError, load_pool
+from rsi_jax.pipeline.preemption import Preempted, Stop
+from rsi_jax.pipeline.run_folder import (LINEAGE, checkpoint_root, code_version, config_digest, existing_run,
+                                         run_dir_of, run_paths, training_settings)
 from rsi_jax.stop import StopRequested
 from rsi_jax.env.pool import AllEndpointsDown
-from rsi_jax.env.rollouts import pick_tasks
 from rsi_jax.env.tasks import tasks_digest
-
-LINEAGE = "lineage.json"
-PREVIOUS, INIT = "previous", "init"
-
-
-class PreflightError(ValueError):
-  """The run cannot start (before any model is built); the message is one line saying why."""
-
-
-class Preempted(Exception):
-  """SIGTERM (or Ctrl-C): the newest state is on storage (``args[0]``: its checkpoint folder, or with
-  ``saved=False`` where the interrupted phase starts from again: no step of it had finished)."""
-
-  def __init__(self, where: str, signal_name: str = "SIGTERM", saved: bool = True):
-    super().__init__(where)
-    self.signal_name, self.saved = signal_name, saved
-
-  def message(self) -> str:
-    what = (f"checkpoint written to {self.args[0]}" if self.saved
-            else f"no step of the phase had finished (it starts again from {self.args[0]})")
-    return f"preempted ({self.signal_name}): {what}; rerun the same command to resume"
-
-
-@dataclasses.dataclass(frozen=True)
-class PhaseSpec:
-  name: str
-  kind: str  # rsr | critic_seed | rpr
-  cfg: Config  # the phase's config (overlay, phase_overrides, command line)
-  actor_from: str  # previous | init | a checkpoint folder
-  critic_from: str
-
-
-def phase_config(cfg: Config, phase: str, cli_overrides: Sequence[str] = ()) -> Config:
-  """The config a phase runs with: ``cfg`` (base file, run file, command line) with the shipped phase file
-  ``configs/phases/<phase>.yml`` applied where the user's files and command line set nothing (what a run file
-  says wins over the shipped phase files), then ``pipeline.phase_overrides[phase]`` (how a run file sets a
-  value for one phase), then the command-line overrides again, so a ``key=value`` wins over everything."""
-  try:
-    tree = _deep_merge(load_phase_overlay(phase, cfg, cli_overrides),
-                       _to_plain(cfg.pipeline.phase_overrides.get(phase, {})))
-    return with_overrides(with_overrides(cfg, tree), cli_overrides)
-  except ConfigError as e:
-    raise ConfigError(f"phase {phase}: {e}") from None
-
-
-def build_plan(cfg: Config, cli_overrides: Sequence[str] = ()) -> list[PhaseSpec]:
-  """The phases of ``pipeline.phases`` with their configs and weight sources (ConfigError names the key)."""
-  plan = []
-  for name in cfg.pipeline.phases:
-    kind = phase_kind(name)
-    pcfg = phase_config(cfg, name, cli_overrides)
-    critic_default = INIT if kind == "critic_seed" else PREVIOUS
-    plan.append(PhaseSpec(name, kind, pcfg, str(cfg.pipeline.actor_from.get(name, PREVIOUS)),
-                          str(cfg.pipeline.critic_from.get(name, critic_default))))
-  return plan
-
-
-def run_dir_of(cfg: Config) -> str:
-  return local_or_url(join(cfg.run.output_dir, cfg.run.name))
-
-
-def checkpoint_root(cfg: Config) -> str:
-  """Where the phases' checkpoint folders go; an object-store URL is kept exactly as given."""
-  return local_or_url(cfg.pipeline.checkpoint_dir or join(run_dir_of(cfg), "checkpoints"))
-
-
-def existing_run(cfg: Config) -> list[str]:
-  """What of an earlier run the run folder holds (empty: a new run)."""
-  rd, found = epath.Path(run_dir_of(cfg)), []
-  for f in (LINEAGE, "metrics.jsonl"):
-    if (rd / f).exists():
-      found.append(f)
-  ck = epath.Path(checkpoint_root(cfg))
-  # a step folder, not the empty phase folders (and config.yml, train.log) a start that failed leaves behind
-  if ck.exists() and any(s.name.isdigit() for p in ck.iterdir() if p.is_dir() for s in p.iterdir()):
-    found.append(str(ck))
-  return found
 
 
 def read_lineage(run_dir: str) -> list[dict]:
@@ -144,149 +67,6 @@ def read_lineage(run_dir: str) -> list[dict]:
   return [run_paths(e, run_dir, absolute=True) for e in entries]
 
 
-def run_paths(entry: dict, run_dir: str, absolute: bool) -> dict:
-  """A lineage entry (or a checkpoint's ``started_from``) with the paths inside the run folder made relative to
-  it (``absolute=False``: as stored, so a copied or moved run folder points into itself) or absolute again (as
-  used). Paths elsewhere (another run's checkpoint, an object store, ``hf:...``) and descriptions stay as they
-  are."""
-  def conv(p):
-    if not isinstance(p, str) or "://" in p or p.startswith("hf:"):
-      return p
-    if absolute:
-      return join(run_dir, p) if not os.path.isabs(p) and epath.Path(join(run_dir, p)).exists() else p
-    if "://" not in run_dir and os.path.isabs(p):
-      rel = os.path.relpath(p, run_dir)
-      return p if rel == ".." or rel.startswith(".." + os.sep) else rel
-    if "://" in run_dir and p.startswith(run_dir + "/"):
-      return p[len(run_dir) + 1:]
-    return p
-  out = dict(entry)
-  for k in ("output", "actor", "critic"):
-    if k in out:
-      out[k] = conv(out[k])
-  if isinstance(out.get("started_from"), dict):
-    out["started_from"] = run_paths(out["started_from"], run_dir, absolute)
-  if isinstance(out.get("rsr"), dict) and "manifest" in out["rsr"]:
-    out["rsr"] = dict(out["rsr"], manifest=conv(out["rsr"]["manifest"]))
-  return out
-
-
-def preflight(cfg: Config, cli_overrides: Sequence[str] = (), num_devices: int | None = None) -> list[PhaseSpec]:
-  """Everything that can be checked before a model is built, each failure a one-line PreflightError."""
-  from rsi_jax.models.mesh import resolve_parallelism
-  from rsi_jax.rl.divisors import divisor_table_from_config
-
-  try:
-    plan = build_plan(cfg, cli_overrides)
-  except ConfigError as e:
-    raise PreflightError(str(e)) from None
-  n_dev = jax.device_count() if num_devices is None else num_devices
-  for spec in plan:
-    c = spec.cfg
-    try:
-      ici, dcn = resolve_parallelism(c, n_dev)
-    except ConfigError as e:
-      hint = ""
-      if jax.default_backend() == "cpu":
-        hint = (f" (on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N gives N devices; this process "
-                f"has {n_dev})")
-      raise PreflightError(f"{e}{hint}") from None
-    shards = (ici["ici_data_parallelism"] * ici["ici_fsdp_parallelism"] * dcn["dcn_data_parallelism"]
-              * dcn["dcn_fsdp_parallelism"])
-    if c.rollout.global_batch % shards:
-      raise PreflightError(f"rollout.global_batch: {c.rollout.global_batch} is not divisible by the mesh's "
-                           f"batch shards (data x fsdp = {shards} on {n_dev} devices) in phase {spec.name}")
-    if c.rollout.global_batch < jax.process_count():
-      raise PreflightError(f"rollout.global_batch: {c.rollout.global_batch} episodes do not give each of the "
-                           f"{jax.process_count()} processes one (phase {spec.name})")
-    if spec.kind != "rsr":
-      try:
-        table = divisor_table_from_config(c.reward)
-      except (OSError, ValueError, TypeError, KeyError) as e:
-        raise PreflightError(f"reward.divisor_table: cannot read {c.reward.divisor_table!r} (phase "
-                             f"{spec.name}): {e}") from None
-      if table.kind != c.reward.kind:
-        raise PreflightError(f"reward.divisor_table: {c.reward.divisor_table} is a table for {table.kind!r} "
-                             f"rewards but phase {spec.name} uses reward.kind={c.reward.kind!r} (set the "
-                             f"table per phase with pipeline.phase_overrides)")
-    if spec.kind == "rsr":
-      from rsi_jax.rsr.runbook import load_template
-      for key in ("plan_template", "exec_template") + (("judge_template",) if c.rsr.judge else ()):
-        try:
-          load_template(getattr(c.rsr, key))
-        except FileNotFoundError as e:
-          raise PreflightError(f"rsr.{key} (phase {spec.name}): {e}") from None
-    for src_key, src in (("actor_from", spec.actor_from), ("critic_from", spec.critic_from)):
-      if src not in (PREVIOUS, INIT):
-        try:
-          resolve_checkpoint(src)
-        except FileNotFoundError as e:
-          raise PreflightError(f"pipeline.{src_key}.{spec.name}: {e}") from None
-  if cfg.model.hf_path:
-    from rsi_jax.models.hf_import import HFImportError, check_hf_folder
-    try:
-      check_hf_folder(cfg.model.hf_path, cfg)
-    except HFImportError as e:
-      raise PreflightError(f"model.hf_path: {e}") from None
-  check_output_location(run_dir_of(cfg), "run.output_dir")
-  if cfg.pipeline.checkpoint_dir:
-    check_output_location(checkpoint_root(cfg), "pipeline.checkpoint_dir")
-  for _, c in sorted({(c.env.tasks_dir, c.env.strict_tasks): c for c in [cfg] + [s.cfg for s in plan]}.items()):
-    load_pool(c)
-  if cfg.run.resume == "never":
-    found = existing_run(cfg)
-    if found:
-      raise PreflightError(f"run.resume=never but the run folder {run_dir_of(cfg)} already holds a run "
-                           f"({', '.join(found)}): choose another run.name or use run.resume=auto")
-  return plan
-
-
-def check_output_location(path: str, key: str):
-  """A local output folder must be creatable and writable (its nearest existing parent writable); an object-store
-  URL is left to its backend."""
-  from rsi_jax.cli import output_folder_problem
-  problem = output_folder_problem(path)
-  if problem:
-    raise PreflightError(f"{key}: {problem}")
-
-
-def load_pool(c: Config, images=None) -> tuple[list, list]:
-  """(task pool, refused folders) of a (phase) config: the folders of ``env.tasks_dir`` that load
-  (:func:`rsi_jax.env.tasks.load_suite`; ``images``: the base-image check against the run's Docker endpoints), then
-  ``env.max_tasks`` of them, round-robin over families. ``env.strict_tasks``: the first refused folder stops the
-  run; a suite where nothing loads always does (PreflightError)."""
-  from rsi_jax.env.tasks import TaskError, load_suite
-  try:
-    suite = load_suite(c.env.tasks_dir, strict=c.env.strict_tasks, images=images)
-  except TaskError as e:
-    raise PreflightError(f"env.tasks_dir: {e}") from None
-  if not suite.tasks:
-    first = suite.refused[0]
-    raise PreflightError(f"env.tasks_dir: {c.env.tasks_dir}: no task loaded, all {len(suite.refused)} folder(s) "
-                         f"refused (first: {first.task}: {first.reason})")
-  return pick_tasks(suite.tasks, c.env.max_tasks), suite.refused
-
-
-@functools.cache
-def code_version() -> str:
-  try:
-    p = subprocess.run(["git", "describe", "--always", "--dirty", "--tags"], cwd=REPO_ROOT, capture_output=True,
-                       text=True, timeout=10)
-    if p.returncode == 0 and p.stdout.strip():
-      return p.stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    pass
-  from importlib.metadata import PackageNotFoundError, version
-  try:
-    return f"rsi_jax {version('rsi_jax')}"
-  except PackageNotFoundError:
-    return "unknown"
-
-
-def config_digest(cfg: Config) -> str:
-  return hashlib.sha256(dump_config(cfg).encode()).hexdigest()[:16]
-
-
 def _adam_counts(opt_state) -> list[int]:
   leaves = jax.tree_util.tree_flatten_with_path(opt_state)[0]
   return [int(jax.device_get(x)) for path, x in leaves if "count" in jax.tree_util.keystr(path)]
@@ -301,107 +81,6 @@ def check_fresh(train, phase: str):
                            f"(update counts {_adam_counts(st)})")
   if int(jax.device_get(train.step)) != 0:
     raise InvariantError(f"{phase}: update counter starts at {int(jax.device_get(train.step))}, not 0")
-
-
-class _Stop:
-  """SIGTERM (a pod preemption notice) or Ctrl-C -> stop at the next safe point with a checkpoint. Multi-host: a
-  notice any process got stops every process at the same point (the flags are exchanged there). A second
-  Ctrl-C raises KeyboardInterrupt at once."""
-
-  SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
-
-  def __init__(self, budget_s: float = 0.0, console=None):
-    self.requested = False
-    self.signal_name = "SIGTERM"
-    self.budget_s, self.console = budget_s, console
-    self._old = {}
-    self._timer = None
-
-  def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
-      self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-    return self
-
-  def _handle(self, signum, frame):
-    if self.requested and signum == signal.SIGINT:
-      raise KeyboardInterrupt
-    if not self.requested and self.budget_s > 0:
-      self._timer = threading.Timer(self.budget_s, self._expire)
-      self._timer.daemon = True
-      self._timer.start()
-    self.requested = True
-    self.signal_name = self.SIGNALS.get(signum, "SIGTERM")
-
-  def _expire(self):
-    """run.preempt_budget_s passed since the notice and the run has not stopped: end the process now. The
-    newest complete checkpoint is on storage (a step folder appears only once whole), so the rerun resumes."""
-    from rsi_jax.env.reaper import _remove_all_live
-    msg = (f"preempted ({self.signal_name}): still stopping after run.preempt_budget_s={self.budget_s:g} s: "
-           f"ended now; rerun the same command to resume from the newest complete checkpoint")
-    try:
-      logging.error(msg)
-      if self.console is not None:
-        self.console.line(msg)
-      _remove_all_live()  # the episodes' containers (os._exit skips the atexit teardown)
-    finally:
-      os._exit(130 if self.signal_name == "Ctrl-C" else 0)
-
-  def __exit__(self, *exc):
-    for s, old in self._old.items():
-      signal.signal(s, old)
-    self._old = {}
-    if self._timer is not None and exc[0] is None:  # the run ended on its own; a stopping run keeps the limit
-      self._timer.cancel()                           # through its teardown (the pool, the sampler)
-
-  def now(self) -> bool:
-    return any(multihost.gather_objects([self.requested]))
-
-
-class Console:
-  """The lines a person reads: one per phase step, a header per phase, progress bars."""
-
-  def __init__(self, out=None, err=None, progress: bool = True):
-    self.out = out or sys.stdout
-    self.err = err or sys.stderr
-    self.progress = progress
-    self._bar = None
-
-  def line(self, text: str):
-    if self._bar is not None:
-      self._bar.clear()
-    print(text, file=self.out, flush=True)
-    if self._bar is not None:
-      self._bar.refresh()
-
-  def bar(self, total: int, initial: int, desc: str):
-    from rsi_jax.log import progress
-    self._bar = progress(total=total, desc=desc, enabled=self.progress, file=self.err)
-    self._bar.update(initial)
-    return self._bar
-
-  def close_bar(self):
-    if self._bar is not None:
-      self._bar.close()
-      self._bar = None
-
-
-def format_step(name: str, i: int, n: int, m: dict) -> str:
-  """``[rpr1 2/36] joint  reward 0.123  success 0.25  ...`` (the keys that the phase reported)."""
-  def f(k, fmt, label=None):
-    v = m.get(k)
-    return f"{label or k} {format(v, fmt)}" if isinstance(v, (int, float)) else None
-  if "nll_per_token" in m:
-    parts = ["sft", f("nll_per_token", ".4f", "nll/token"), f("sft_tokens", "d", "tokens"),
-             f("actor_grad_norm", ".3g", "|g|")]
-  else:
-    parts = ["joint" if m.get("train_actor") else "critic-only", f("reward_mean", ".3f", "reward"),
-             f("success_mean", ".2f", "success"), f("turns_mean", ".1f", "turns"), f("loss", ".4f"),
-             f("value/explained_variance", ".3f", "EV"), f("mismatch/abs_mean", ".1e", "logprob gap"),
-             f("infra_failures", "d", "infra"), f("aborted_episodes", "d", "aborted")]
-  if m.get("skipped_updates"):
-    parts.append(f"SKIPPED {m['skipped_updates']} non-finite update(s)")
-  parts.append(f("step_seconds", ".1f", "s"))
-  return f"[{name} {i + 1}/{n}] " + "  ".join(p for p in parts if p)
 
 
 class Driver:
@@ -423,7 +102,7 @@ class Driver:
   def run(self) -> dict:
     from rsi_jax.pipeline.metrics import MetricLogger
 
-    plan = self.plan if self.plan is not None else preflight(self.cfg, self.cli)
+    plan = self.plan if self.plan is not None else phase_plan.preflight(self.cfg, self.cli)
     rd = epath.Path(self.run_dir)
     primary = multihost.is_primary()  # the process that writes the run's records
     resumed = bool(existing_run(self.cfg))
@@ -455,7 +134,7 @@ class Driver:
     prev = None
     t0 = time.time()
     try:
-      with _Stop(self.cfg.run.preempt_budget_s, self.console) as stop:
+      with Stop(self.cfg.run.preempt_budget_s, self.console) as stop:
         # long waits inside a phase (a step's episodes, the RSR funnel, an evaluation) end early on a notice;
         # on several processes they all leave at the step's next exchange (multihost.gather_or_stop /
         # from_primary), and between steps they agree on it (stop.now)
@@ -579,7 +258,7 @@ class Driver:
     f = rd / "config.yml"
     if not (resumed and f.exists()):
       return []
-    old, new = _training_settings(f.read_text()), _training_settings(dump_config(self.cfg))
+    old, new = training_settings(f.read_text()), training_settings(dump_config(self.cfg))
     return [f"{k}: {old.get(k, '(unset)')!r} -> {new.get(k, '(unset)')!r}" for k in sorted(old.keys() | new.keys())
             if old.get(k, "(unset)") != new.get(k, "(unset)")]
 
@@ -844,25 +523,6 @@ class Driver:
     return restore_params(path, **{role: model.abstract_params})[role]
 
 
-# settings that do not change what a run computes: the console, resuming, and where the run folder lies (a
-# copied or moved run resumes from its own folder)
-_NOT_TRAINING = ("run.progress", "run.log_level", "run.resume", "run.allow_config_change", "run.preempt_budget_s",
-                 "run.name", "run.output_dir")
-
-
-def _training_settings(config_yaml: str) -> dict:
-  """A dumped config as ``{dotted key: value}``, without :data:`_NOT_TRAINING`."""
-  import yaml
-
-  def flat(d, prefix=""):
-    for k, v in d.items():
-      if isinstance(v, dict) and v:
-        yield from flat(v, f"{prefix}{k}.")
-      else:
-        yield f"{prefix}{k}", v
-  return {k: v for k, v in flat(yaml.safe_load(config_yaml) or {}) if k not in _NOT_TRAINING}
-
-
 def _train_state(trees: dict, step):
   from rsi_jax.models.optim import TrainState
   return TrainState(trees["actor"], trees.get("actor_opt"), trees.get("critic"), trees.get("critic_opt"), step)
@@ -871,7 +531,3 @@ def _train_state(trees: dict, step):
 def _phase_seed(seed: int, phase: str) -> int:
   from rsi_jax.env.rollouts import derive_seed
   return derive_seed(seed, "phase", phase)
-
-
-__all__ = ["Driver", "PhaseSpec", "Preempted", "PreflightError", "InvariantError", "build_plan", "preflight",
-           "checkpoint_root", "run_dir_of"]

@@ -83,7 +83,7 @@ def test_sigterm_during_an_evaluation_aborts_its_attempts(pool, tasks, docker_cl
   an agent command and a verification: both are aborted at once (containers removed, counted as aborted) and
   the evaluation raises StopRequested instead of returning a report."""
   from rsi_jax.eval.run import evaluate
-  from rsi_jax.pipeline.driver import _Stop
+  from rsi_jax.pipeline.preemption import Stop
   from rsi_jax.stop import StopRequested
   slow = [tasks["slow_agent"], tasks["slow_verifier"]]
   pool.prebuild(slow)
@@ -99,7 +99,7 @@ def test_sigterm_during_an_evaluation_aborts_its_attempts(pool, tasks, docker_cl
 
   threading.Thread(target=notice, daemon=True).start()
   t0 = time.time()
-  with _Stop() as stop, pytest.raises(StopRequested, match="SIGTERM"):
+  with Stop() as stop, pytest.raises(StopRequested, match="SIGTERM"):
     evaluate(pool, slow, OracleHarness, 1, stop=stop)
   took = time.time() - t0
   assert took < 30, f"the evaluation took {took:.0f}s: its attempts ran on after the notice"

@@ -84,7 +84,7 @@ def test_hf_folder_faults_name_the_file_before_the_models_and_leave_no_blocking_
   line = _one_line(_train(f"run.output_dir={out}", f"model.hf_path={broken}", "model.head_dim=32"))
   assert line.startswith(f"cannot start: model.hf_path: {broken}/model.safetensors: not a readable safetensors file")
   # none of these left a run behind: run.resume=never accepts the folder
-  from rsi_jax.pipeline.driver import existing_run
+  from rsi_jax.pipeline.run_folder import existing_run
   cfg = load_config(CONFIG_DIR / "smoke.yml", [f"run.output_dir={out}", "run.resume=never"])
   assert existing_run(cfg) == []
 
@@ -110,10 +110,10 @@ def test_resuming_with_a_changed_config_is_refused_naming_the_keys(tmp_path):
   assert "run.allow_config_change=true" in line
   assert (rd / "config.yml").read_text() == before and not list(rd.glob("config.*.yml"))
   # the console, resume settings and the folder's own location are not changes
-  from rsi_jax.pipeline.driver import _training_settings
+  from rsi_jax.pipeline.run_folder import training_settings
   moved = load_config(CONFIG_DIR / "smoke.yml", [f"run.output_dir={tmp_path}/elsewhere", "run.log_level=debug",
                                                   "run.progress=false"])
-  assert _training_settings(dump_config(moved)) == _training_settings(before)
+  assert training_settings(dump_config(moved)) == training_settings(before)
 
 
 def test_a_corrupted_lineage_is_named(tmp_path):

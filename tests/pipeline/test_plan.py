@@ -12,8 +12,9 @@ import pytest
 
 from rsi_jax.config import CONFIG_DIR, REPO_ROOT, Config, load_config
 from rsi_jax.env.rollouts import TaskOrder, derive_seed
-from rsi_jax.pipeline.driver import (PreflightError, build_plan, check_fresh, checkpoint_root, preflight,
-                                     run_dir_of)
+from rsi_jax.pipeline.driver import check_fresh
+from rsi_jax.pipeline.plan import PreflightError, build_plan, preflight
+from rsi_jax.pipeline.run_folder import checkpoint_root, run_dir_of
 from rsi_jax.pipeline.phases import InvariantError
 
 SMOKE = CONFIG_DIR / "smoke.yml"

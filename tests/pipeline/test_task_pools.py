@@ -9,7 +9,9 @@ import pytest
 
 from rsi_jax.config import CONFIG_DIR, REPO_ROOT, load_config
 from rsi_jax.env.tasks import tasks_digest
-from rsi_jax.pipeline.driver import Driver, PreflightError, build_plan, checkpoint_root, load_pool, preflight
+from rsi_jax.pipeline.driver import Driver
+from rsi_jax.pipeline.plan import PreflightError, build_plan, load_pool, preflight
+from rsi_jax.pipeline.run_folder import checkpoint_root
 from rsi_jax.pipeline.phases import pool_key
 
 FIXTURES = REPO_ROOT / "tests" / "env" / "fixtures" / "tasks"
