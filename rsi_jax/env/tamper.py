@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from rsi_jax.env.overlay import KIND_ADDED, KIND_DELETED, KIND_MODIFIED
 from rsi_jax.env.sandbox import VERIFIER_ERROR, DockerSandbox, SandboxError
 from rsi_jax.env.tasks import Task
 
@@ -44,7 +45,6 @@ _PROTECTED_STARTUP = re.compile(r"^/(usr/)?(local/)?pyvenv\.cfg$"
 # Directories whose programs the verifier may run by name: the standard ones and root's ~/.local/bin (a verifier
 # script that sources uv's env file puts it first on its PATH); an image's PATH adds its own.
 STANDARD_DIRS = (*VERIFIER_PATH.split(":"), "/root/.local/bin")
-KIND_MODIFIED, KIND_ADDED, KIND_DELETED = 0, 1, 2
 
 
 @dataclasses.dataclass(frozen=True)
