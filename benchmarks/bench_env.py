@@ -100,6 +100,21 @@ def bench_episodes(settings, tasks, n, concurrency):
   return dt, ok, res
 
 
+def bench_diff_modes(settings, tasks, n, concurrency) -> dict:
+  """The same episodes with the verifier's change list from the daemon (``docker diff``, as before the layers
+  were read here) and from the container's layers read on this host (:mod:`rsi_jax.env.overlay`)."""
+  import rsi_jax.env.sandbox as sandbox
+  read_here = sandbox.local_layers
+  out = {}
+  try:
+    for name, find in (("daemon", lambda client, container: None), ("here", read_here)):
+      sandbox.local_layers = find  # None: no readable layers, so the sandbox asks the daemon
+      out[name] = bench_episodes(settings, tasks, n, concurrency)[0]
+  finally:
+    sandbox.local_layers = read_here
+  return out
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--episodes", type=int, default=16)
@@ -143,6 +158,11 @@ def main():
     print(f"speed-up concurrent / sequential: {con_rate / seq_rate:.2f}x")
     phase = {k: statistics.median(getattr(r, k) for r in res) for k in ("start_s", "agent_s", "verify_s", "total_s")}
     print("concurrent episode phases (median s): " + ", ".join(f"{k[:-2]} {v:.2f}" for k, v in phase.items()))
+    for conc in (1, args.concurrency):
+      dts = bench_diff_modes(settings, tasks, args.episodes, conc)
+      print(f"verifier's tamper check x{conc}: {args.episodes} oracle episodes in {dts['daemon']:6.1f} s with the "
+            f"daemon's docker diff, {dts['here']:6.1f} s with the layers read here: "
+            f"{dts['daemon'] / dts['here']:.2f}x")
   finally:
     reap_containers(client, run_id)
 
