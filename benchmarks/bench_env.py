@@ -14,8 +14,9 @@ import time
 import uuid
 from pathlib import Path
 
+from rsi_jax.env.episode import EnvSettings
 from rsi_jax.env.harness import OracleHarness
-from rsi_jax.env.pool import EnvPool, EnvSettings
+from rsi_jax.env.pool import EnvPool
 from rsi_jax.env.reaper import reap_containers
 from rsi_jax.env.sandbox import DockerSandbox, docker_client
 from rsi_jax.env.tasks import load_tasks

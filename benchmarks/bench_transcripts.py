@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from rsi_jax.env.harness import Segment, Turn
-from rsi_jax.env.pool import EpisodeResult
+from rsi_jax.env.episode import EpisodeResult
 from rsi_jax.env.transcripts import (SUFFIX, TranscriptWriter, boundary_values, encode, episode_record,
                                      read_transcripts)
 from rsi_jax.rl.ctrf import verification_outcome

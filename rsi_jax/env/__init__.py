@@ -1,4 +1,4 @@
-"""Terminal environments: task loading, Docker sandboxes, agent harnesses, protected verification, the pool.
+"""Terminal environments: task loading, Docker sandboxes, agent harnesses, protected verification, episodes, the pool.
 
 Typical use (the rollout loop)::
 
@@ -20,7 +20,8 @@ from rsi_jax.env.dockerfiles import effective_image_map
 from rsi_jax.env.harness import (AgentRun, ChatHarness, Harness, JsonHarness, OracleHarness, ScriptedPolicy,
                                  Segment, Turn, XmlHarness, build_segment, make_harness)
 from rsi_jax.env.images import build_task_image
-from rsi_jax.env.pool import EnvPool, EnvSettings, EpisodeResult, run_episode
+from rsi_jax.env.episode import EnvSettings, EpisodeResult, run_episode
+from rsi_jax.env.pool import EnvPool
 from rsi_jax.env.reaper import install_signal_handlers, reap_containers, reap_orphans
 from rsi_jax.env.sandbox import CommandResult, DockerSandbox, SandboxError, docker_client
 from rsi_jax.env.tasks import Task, TaskError, load_task, load_tasks

@@ -1,4 +1,4 @@
-"""An episode as a JSON record and back, exactly: every field of an :class:`~rsi_jax.env.pool.EpisodeResult`,
+"""An episode as a JSON record and back, exactly: every field of an :class:`~rsi_jax.env.episode.EpisodeResult`,
 its turns (the token ids sent and sampled, the sampler's log-probabilities) and its segments (the training
 samples). float32 values survive the round trip bit for bit (a float32 is exact as a double, and JSON writes
 doubles with their shortest exact repr). Used for the RSR funnel's progress records."""
@@ -29,7 +29,7 @@ def _typed(cls, d: dict, arrays: dict):
 
 
 def episode_to_json(res) -> dict:
-  """The record of one :class:`~rsi_jax.env.pool.EpisodeResult` (JSON-serializable)."""
+  """The record of one :class:`~rsi_jax.env.episode.EpisodeResult` (JSON-serializable)."""
   o = res.outcome
   d = {f.name: getattr(res, f.name) for f in dataclasses.fields(res)
        if f.name not in ("outcome", "turns", "segments")}
@@ -45,8 +45,8 @@ def episode_to_json(res) -> dict:
 
 
 def episode_from_json(d: dict):
-  """The :class:`~rsi_jax.env.pool.EpisodeResult` of a record from :func:`episode_to_json`."""
-  from rsi_jax.env.pool import EpisodeResult
+  """The :class:`~rsi_jax.env.episode.EpisodeResult` of a record from :func:`episode_to_json`."""
+  from rsi_jax.env.episode import EpisodeResult
   d = dict(d)
   o = dict(d.pop("outcome"))
   rep = o.pop("report")

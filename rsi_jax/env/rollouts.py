@@ -21,7 +21,7 @@ import threading
 
 import grain.python as grain
 
-from rsi_jax.env.pool import EpisodeAborted
+from rsi_jax.env.episode import EpisodeAborted
 from rsi_jax.policy import SamplingParams
 
 

@@ -95,7 +95,7 @@ def _checks(outcome) -> list[dict]:
 def episode_record(e, *, index: int | None = None, reward: float | None = None, divisor: float | None = None,
                    values: dict | None = None, instruction: str | None = None, output_cap_bytes: int | None = None,
                    extra: dict | None = None) -> dict:
-  """The transcript of one :class:`~rsi_jax.env.pool.EpisodeResult` (JSON-serializable). ``values``: {turn
+  """The transcript of one :class:`~rsi_jax.env.episode.EpisodeResult` (JSON-serializable). ``values``: {turn
   index: (critic value, TB-GAE advantage)} (:func:`boundary_values`); ``extra``: more episode fields (the
   funnel's runbook, an evaluation's repeat)."""
   o = e.outcome

@@ -109,7 +109,7 @@ EPISODE_TIMES = ("start_s", "agent_s", "verify_s", "total_s")  # EpisodeResult's
 
 def outcome_row(step: int, episode, reward: float | None = None) -> dict:
   """One row of a phase's ``outcomes.jsonl`` (what :meth:`OutcomeTable.from_rows` reads) for an
-  :class:`~rsi_jax.env.pool.EpisodeResult`: its verification state, S, P and N, turns, the reward it was
+  :class:`~rsi_jax.env.episode.EpisodeResult`: its verification state, S, P and N, turns, the reward it was
   trained with (RSR discovery trains on no reward: the row has none) and where its wall time went (seconds:
   container start, agent, verifier, the whole episode), to find the tasks that slow a rollout step down."""
   o = episode.outcome

@@ -269,7 +269,7 @@ def _keep_stage(workdir, cfg, stage: str, items):
 
 def _not_aborted(res) -> bool:
   """What a progress record may hold: a planning result, or an episode not stopped by a stop notice."""
-  from rsi_jax.env.pool import ABORTED
+  from rsi_jax.env.episode import ABORTED
   return getattr(res, "failure_kind", "") != ABORTED
 
 

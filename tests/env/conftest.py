@@ -23,7 +23,7 @@ def run_id():
 
 @pytest.fixture(scope="session")
 def settings(run_id):
-  from rsi_jax.env.pool import EnvSettings
+  from rsi_jax.env.episode import EnvSettings
   return EnvSettings(run_id=run_id, command_timeout_s=30.0)
 
 

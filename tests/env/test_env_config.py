@@ -4,7 +4,7 @@ import pytest
 
 from rsi_jax.config import ConfigError, load_config
 from rsi_jax.env.harness import JsonHarness, OracleHarness, ScriptedPolicy, XmlHarness, make_harness
-from rsi_jax.env.pool import EnvSettings
+from rsi_jax.env.episode import EnvSettings
 from rsi_jax.policy import SamplingParams
 
 from .conftest import REPO

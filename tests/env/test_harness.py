@@ -8,7 +8,7 @@ import pytest
 
 from rsi_jax.env.harness import (STOP_AGENT_TIMEOUT, STOP_DONE, STOP_MAX_TURNS, TURN_ACTION, TURN_SUMMARY,
                                  JsonHarness, ScriptedPolicy, XmlHarness, build_segment)
-from rsi_jax.env.pool import run_episode
+from rsi_jax.env.episode import run_episode
 from rsi_jax.env.sandbox import DockerSandbox
 from rsi_jax.policy import FINISH_LENGTH, SamplingParams
 

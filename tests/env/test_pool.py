@@ -49,7 +49,7 @@ class _BrokenPolicy:
 
 
 def test_policy_error_is_recorded_not_raised(docker_client, settings, fixture_tasks, renderer):
-  from rsi_jax.env.pool import AGENT_ERROR, run_episode
+  from rsi_jax.env.episode import AGENT_ERROR, run_episode
   h = JsonHarness(_BrokenPolicy(), renderer, SamplingParams())
   r = run_episode(fixture_tasks["harbor-greeting"], h, docker_client, settings)
   assert r.infra_failure and r.failure_kind == AGENT_ERROR and "sampler went away" in r.error
@@ -58,7 +58,7 @@ def test_policy_error_is_recorded_not_raised(docker_client, settings, fixture_ta
 def test_container_killed_mid_episode(docker_client, settings, fixture_tasks, tokenizer, renderer):
   import threading
   import time
-  from rsi_jax.env.pool import run_episode
+  from rsi_jax.env.episode import run_episode
   from rsi_jax.env.reaper import LABEL_EPISODE
   from rsi_jax.env.sandbox import CONTAINER_DIED
 
@@ -79,7 +79,7 @@ def test_container_killed_mid_episode(docker_client, settings, fixture_tasks, to
 
 def test_daemon_error_on_create_is_recorded(docker_client, settings, fixture_tasks):
   import dataclasses
-  from rsi_jax.env.pool import run_episode
+  from rsi_jax.env.episode import run_episode
   from rsi_jax.env.sandbox import CREATE_FAILED
   # a real daemon-side rejection at create time: the requested network does not exist
   bad = dataclasses.replace(settings, network="rsi-no-such-network")
@@ -105,7 +105,7 @@ def test_infrastructure_failures_are_counted(docker_client, settings, fixture_ta
   # the failed build names its step, and is not retried per episode: the next one fails at once
   assert re.search(r"build failed at \S+/harbor-broken-build/environment/Dockerfile line \d+ \(RUN exit 3\)",
                    build.error), build.error
-  from rsi_jax.env.pool import run_episode
+  from rsi_jax.env.episode import run_episode
   again = run_episode(load_task(broken), OracleHarness(), docker_client, settings)
   assert again.failure_kind == BUILD_FAILED and "cached: the same build failed earlier" in again.error
   assert again.build_s == 0.0 and again.total_s < 2

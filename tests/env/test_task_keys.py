@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from rsi_jax.env.harness import JsonHarness, OracleHarness, ScriptedPolicy
-from rsi_jax.env.pool import NEEDS_INTERNET, run_episode
+from rsi_jax.env.episode import NEEDS_INTERNET, run_episode
 from rsi_jax.env.sandbox import DISK_LIMIT
 from rsi_jax.env.tasks import TaskError, load_task
 from rsi_jax.policy import SamplingParams

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rsi_jax.env.harness import Segment, Turn
-from rsi_jax.env.pool import EpisodeResult
+from rsi_jax.env.episode import EpisodeResult
 from rsi_jax.env.transcripts import (TranscriptWriter, boundary_values, episode_record, parse_keep,
                                      read_transcripts, select)
 from rsi_jax.rl.ctrf import verification_outcome
@@ -37,7 +37,7 @@ def test_round_trip_of_a_real_episode_with_the_harness_cap(docker_client, fixtur
   solution, done): every turn's reply, command, malformed reason and output come back exactly as the agent saw
   them, and the CTRF report's check names and statuses with them."""
   from rsi_jax.env.harness import JsonHarness, ScriptedPolicy
-  from rsi_jax.env.pool import EnvSettings, run_episode
+  from rsi_jax.env.episode import EnvSettings, run_episode
   from rsi_jax.policy import SamplingParams
   cap = 400
   settings = EnvSettings(run_id=run_id, command_timeout_s=30.0, output_cap_bytes=cap)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rsi_jax.env.harness import JsonHarness, OracleHarness, ScriptedPolicy
-from rsi_jax.env.pool import run_episode
+from rsi_jax.env.episode import run_episode
 from rsi_jax.env.sandbox import VERIFIER_TIMEOUT
 from rsi_jax.env.tamper import tampered_paths
 from rsi_jax.env.verifier import pytest_summary
@@ -275,7 +275,7 @@ def test_upstream_verifier_fetches_offline_and_its_wheelhouse_is_protected(docke
   builds offline the task is refused, not scored."""
   import dataclasses
 
-  from rsi_jax.env.pool import NEEDS_BUILD_NETWORK
+  from rsi_jax.env.episode import NEEDS_BUILD_NETWORK
   from rsi_jax.env.tasks import load_task
   from rsi_jax.env.verifier_deps import fetches
 

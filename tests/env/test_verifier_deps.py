@@ -109,7 +109,7 @@ def test_deveval_shaped_task_scores_offline(tmp_path, docker_client, settings, r
   runs), then sources tests/setup-uv-pytest.sh (apt curl, the uv installer, uv init, uv add pytest) and calls
   tests/run-uv-pytest.sh (uv run pytest). The build fetches all of it; the episode, offline, scores 1."""
   from rsi_jax.env.harness import OracleHarness
-  from rsi_jax.env.pool import run_episode
+  from rsi_jax.env.episode import run_episode
   t = _tb1(tmp_path, textwrap.dedent("""\
       #!/bin/bash
       set -e
@@ -143,7 +143,7 @@ def test_uv_commands_are_replayed_where_they_run(tmp_path, docker_client, settin
   directory) would fail offline at test time too: the build fails, naming it."""
   from rsi_jax.env.harness import OracleHarness
   from rsi_jax.env.images import build_task_image
-  from rsi_jax.env.pool import run_episode
+  from rsi_jax.env.episode import run_episode
   from rsi_jax.env.sandbox import BUILD_FAILED, SandboxError
   uv = "#!/bin/bash\ncurl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh\nsource $HOME/.local/bin/env\n"
   test = "import six\n\ndef test_six():\n  assert six.__version__ == '1.16.0'\n"

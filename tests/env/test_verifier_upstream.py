@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from rsi_jax.env.episode import run_episode
 from rsi_jax.env.harness import JsonHarness, OracleHarness, ScriptedPolicy
-from rsi_jax.env.pool import NEEDS_NETWORK, _NOT_RETRIED, run_episode
+from rsi_jax.env.pool import _NOT_RETRIED
 from rsi_jax.env.sandbox import VERIFIER_ERROR
 from rsi_jax.env.tasks import load_task
 from rsi_jax.env.tamper import VERIFIER_PATH, agent_bytecode, protection, restore_plan, tampered_paths
-from rsi_jax.env.verifier import network_failure
+from rsi_jax.env.verifier import NEEDS_NETWORK, network_failure
 from rsi_jax.policy import SamplingParams
 from rsi_jax.rl.ctrf import VerificationState
 

@@ -12,8 +12,9 @@ import uuid
 
 import pytest
 
+from rsi_jax.env.episode import ABORTED, EnvSettings
 from rsi_jax.env.harness import OracleHarness
-from rsi_jax.env.pool import ABORTED, EnvPool, EnvSettings
+from rsi_jax.env.pool import EnvPool
 from rsi_jax.env.reaper import LABEL_RUN
 from rsi_jax.env.tasks import load_task
 from rsi_jax.env.rollouts import collect

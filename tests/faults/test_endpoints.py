@@ -14,8 +14,9 @@ import uuid
 
 import pytest
 
+from rsi_jax.env.episode import EnvSettings
 from rsi_jax.env.harness import OracleHarness
-from rsi_jax.env.pool import AllEndpointsDown, EnvPool, EnvSettings
+from rsi_jax.env.pool import AllEndpointsDown, EnvPool
 from rsi_jax.env.reaper import LABEL_RUN
 from rsi_jax.env.sandbox import BUILD_FAILED
 from rsi_jax.env.tasks import load_task

@@ -14,7 +14,7 @@ from rsi_jax.env.harness import (
   Turn,
   _summary_request,
 )
-from rsi_jax.env.pool import EpisodeResult
+from rsi_jax.env.episode import EpisodeResult
 from rsi_jax.rl.ctrf import verification_outcome
 from rsi_jax.rsr import strip_control
 from rsi_jax.rsr.control import control_free_steps

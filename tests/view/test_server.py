@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rsi_jax.env.harness import Turn
-from rsi_jax.env.pool import EpisodeResult
+from rsi_jax.env.episode import EpisodeResult
 from rsi_jax.env.transcripts import TranscriptWriter, episode_record
 from rsi_jax.rl.ctrf import verification_outcome
 from rsi_jax.view.server import make_server
