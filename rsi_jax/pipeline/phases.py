@@ -24,7 +24,6 @@ import json
 import math
 import threading
 import time
-from collections import Counter
 
 import jax
 import numpy as np
@@ -34,21 +33,15 @@ from rsi_jax.config import Config
 from rsi_jax.env.rollouts import RolloutPolicy, TaskOrder, collect, derive_seed, pick_tasks
 from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, make_train_step, masked_nll_loss
 from rsi_jax.pipeline import multihost
+from rsi_jax.pipeline.errors import InvariantError, NoTrainableSamples  # noqa: F401 (importers name them here)
 from rsi_jax.pipeline.rpr import sft_passes
 from rsi_jax.pipeline.metrics import read_jsonl
+from rsi_jax.pipeline.scoring import score_and_filter
 from rsi_jax.policy import SamplingParams
-from rsi_jax.rl.batch import Sample, assemble_batch, episode_samples, load_samples
+from rsi_jax.rl.batch import Sample, assemble_batch, load_samples
 from rsi_jax.rl.metrics import combine_pass_metrics
 from rsi_jax.rl.outcome_table import EPISODE_TIMES, outcome_row
 from rsi_jax.stop import StopRequested, wait_all
-
-
-class InvariantError(RuntimeError):
-  """A property the method relies on does not hold; the run stops."""
-
-
-class NoTrainableSamples(RuntimeError):
-  """A step has nothing to train on (every prompt rejected, every episode an infrastructure failure, ...)."""
 
 
 @dataclasses.dataclass
@@ -488,68 +481,37 @@ class RolloutPhase(Phase):
       self._executor.shutdown(wait=True)
 
   def step(self, state, i):
-    from rsi_jax.rl.rewards import outcome_rewards
+    """Collect the step's episodes (and start the next step's ahead), score and filter them, train, serve
+    the new actor weights, report the step's metrics."""
     cfg, ctx = self.cfg, self.ctx
     t0 = time.time()
-    if self._ahead is not None and self._ahead[0] == i:
-      (_, fut, events), ahead = self._ahead, True
-      self._ahead = None
-    else:
-      (fut, events), ahead = self._start(state, i), False
-    try:  # a stop notice aborts the episodes; every process leaves the step together at the exchange below
-      (eps, aborted, started, t_roll), = wait_all([fut], ctx.stop, events)
-      stopped = None
-    except StopRequested as e:
-      eps, aborted, started, stopped = [], 0, 0, e.args[0]
-    # every process's episodes, in process order (= request order): the same batch on every process
-    eps, aborted = multihost.gather_or_stop(eps, stopped), sum(multihost.gather_objects([aborted]))
-    state = dataclasses.replace(state, cursor=state.cursor + started)
-    # one batch ahead (§3.1): the next step's episodes run on the current weights while this step trains
-    if cfg.rollout.max_staleness > 0 and i + 1 < self.num_steps:
-      self._ahead = (i + 1, *self._start(state, i + 1))
+    state, eps, aborted, started, t_roll, ahead = self._collect(state, i)
     version = ctx.actor_version  # the weights being trained now
-    rewards, mask = outcome_rewards([e.outcome for e in eps], [e.family for e in eps], cfg.reward.kind,
-                                    self.table)
+    s = score_and_filter(eps, self.table, cfg.reward.kind, version, cfg.rollout.max_staleness,
+                         pad_multiple=cfg.rl.pad_multiple, pad_id=ctx.tokenizer.pad_id,
+                         where=f"{self.name} step {i + 1}")
     if multihost.is_primary():  # for the reward tables of later phases (calibration, App. B)
       with self.outcomes.open("a") as f:
-        for e, rew in zip(eps, rewards):
+        for e, rew in zip(eps, s.rewards):
           f.write(json.dumps(outcome_row(i + 1, e, rew)) + "\n")
-    samples = [episode_samples(e.segments, j) for j, e in enumerate(eps)]
-    # the staleness bound: an episode with a token sampled more than max_staleness updates ago is not trained
-    oldest = [min([int(x.weight_versions[x.gen_mask].min()) for x in ss if x.gen_mask.any()], default=version)
-              for ss in samples]
-    too_old = np.array([version - o > cfg.rollout.max_staleness for o in oldest], bool)
-    ok = (mask > 0) & ~too_old
-    batch = assemble_batch(samples, rewards, ok, pad_multiple=cfg.rl.pad_multiple, pad_id=ctx.tokenizer.pad_id)
-    trainable = [j for j, s in enumerate(samples) if ok[j] and any(x.gen_mask.any() for x in s)]
-    if not trainable:
-      why = Counter(e.failure_kind or e.stop_reason or "no generated token" for e in eps)
-      raise NoTrainableSamples(f"{self.name} step {i + 1}: none of the {len(eps)} episodes has a trainable "
-                               f"generated token ({dict(why)}): infrastructure failures "
-                               f"{int((mask == 0).sum())}, too stale {int(too_old.sum())}")
-    # Invariant: one terminal reward per trainable episode that generated tokens, nowhere else.
-    if int(batch.dones.sum()) != len(trainable) or np.count_nonzero(batch.rewards[batch.dones == 0]):
-      raise InvariantError(f"{self.name} step {i + 1}: rewards placed {int(batch.dones.sum())} times for "
-                           f"{len(trainable)} trainable episodes")
     train_actor = not self.critic_only(i)
     train = state.train
     if train_actor and train.actor_opt is None:
       train = self.trainer.start_actor(train)  # fresh AdamW state for the actor after the critic-only steps
     t1 = time.time()
-    train, m = self.trainer.step(train, batch, train_actor, version=version)
+    train, m = self.trainer.step(train, s.batch, train_actor, version=version)
     if multihost.is_primary():  # built and written on the writer's thread, off the step's path
-      self._keep_transcripts(state, i, eps, rewards, ok, self.trainer.last_targets)
+      self._keep_transcripts(state, i, eps, s.rewards, s.ok, self.trainer.last_targets)
     if train_actor:
       ctx.serve(train.actor, wait=self._ahead is None)  # async: in-flight episodes finish on the old weights
     t_train = time.time() - t1
     gen_tokens = sum(e.generated_tokens for e in eps)
-    valid = mask > 0
     m.update(  # reward and success over the episodes trained on (scored and fresh enough)
-        train_actor=int(train_actor), reward_mean=_mean(rewards[ok]), success_mean=_mean(
-            [float(e.success or 0) for e, k in zip(eps, ok) if k]),
+        train_actor=int(train_actor), reward_mean=_mean(s.rewards[s.ok]), success_mean=_mean(
+            [float(e.success or 0) for e, k in zip(eps, s.ok) if k]),
         turns_mean=_mean([len(e.turns) for e in eps]), episodes=len(eps), episodes_started=started,
-        aborted_episodes=aborted, infra_failures=int((~valid).sum()), stale_episodes=int(too_old.sum()),
-        trainable_episodes=len(trainable), collected_ahead=int(ahead),
+        aborted_episodes=aborted, infra_failures=int((s.mask == 0).sum()), stale_episodes=int(s.too_old.sum()),
+        trainable_episodes=len(s.trainable), collected_ahead=int(ahead),
         prompt_rejected=sum(e.stop_reason == "context_exhausted" for e in eps),
         generated_tokens=gen_tokens, tokens_per_s=gen_tokens / max(t_roll, 1e-9),
         weight_version=version, rollout_seconds=t_roll, train_seconds=t_train,
@@ -557,6 +519,27 @@ class RolloutPhase(Phase):
         rollout_wait_seconds=t1 - t0, step_seconds=time.time() - t0, **self._sampler_delta())
     m["staleness"] = m["staleness/max"]
     return dataclasses.replace(state, train=train), m
+
+  def _collect(self, state, i: int):
+    """Step ``i``'s episodes from every process, in process order (= request order: the same batch on every
+    process), started ahead during the previous step or now; the cursor moved past them; and the next step's
+    batch started ahead (§3.1: its episodes run on the current weights while this step trains). Returns
+    (state, episodes, aborted, started, rollout seconds, collected ahead)."""
+    if self._ahead is not None and self._ahead[0] == i:
+      (_, fut, events), ahead = self._ahead, True
+      self._ahead = None
+    else:
+      (fut, events), ahead = self._start(state, i), False
+    try:  # a stop notice aborts the episodes; every process leaves the step together at the exchange below
+      (eps, aborted, started, t_roll), = wait_all([fut], self.ctx.stop, events)
+      stopped = None
+    except StopRequested as e:  # gather_or_stop raises it again once every process is there
+      eps, aborted, started, t_roll, stopped = [], 0, 0, 0.0, e.args[0]
+    eps, aborted = multihost.gather_or_stop(eps, stopped), sum(multihost.gather_objects([aborted]))
+    state = dataclasses.replace(state, cursor=state.cursor + started)
+    if self.cfg.rollout.max_staleness > 0 and i + 1 < self.num_steps:
+      self._ahead = (i + 1, *self._start(state, i + 1))
+    return state, eps, aborted, started, t_roll, ahead
 
 
 def _transcripts(cfg, tasks, table, eps, rewards, trained, targets, keep) -> list[dict]:
