@@ -22,7 +22,7 @@ and the console; each phase (:mod:`rsi_jax.pipeline.phases`) owns what its steps
 
 The plan and its pre-flight checks are :mod:`rsi_jax.pipeline.plan`, the run folder's layout
 :mod:`rsi_jax.pipeline.run_folder`, the stop notice :mod:`rsi_jax.pipeline.preemption`, the console lines
-:mod:`rsi_jax.pipeline.console`.
+:mod:`rsi_jax.pipeline.console`, the in-training evaluations :mod:`rsi_jax.pipeline.evaluation`.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from rsi_jax.models.checkpoint import join, params_digest, resolve_checkpoint
 from rsi_jax.pipeline import multihost
 from rsi_jax.pipeline import plan as phase_plan  # phase_plan.preflight: looked up when called
 from rsi_jax.pipeline.console import Console, format_step
+from rsi_jax.pipeline.evaluation import Evaluations
 from rsi_jax.pipeline.phases import PHASES, InvariantError, PhaseState, RunContext, pool_key
 from rsi_jax.pipeline.plan import INIT, PREVIOUS, PhaseSpec, PreflightError, load_pool
 from rsi_jax.pipeline.preemption import Preempted, Stop
@@ -95,7 +96,7 @@ class Driver:
     self.on_step = on_step  # test hook: called after each step is logged and checkpointed
     self.run_dir = run_dir_of(cfg)
     self.ckpt_root = checkpoint_root(cfg)
-    self._evaluated: dict[str, str] = {}  # actor digest -> the evaluation that measured it
+    self.evals = Evaluations(cfg, self.run_dir, self.console)  # in-training evaluations, each actor once
 
   # -------------------------------------------------------------------------------------------- run
 
@@ -126,6 +127,7 @@ class Driver:
       self.lineage = multihost.from_primary(read_lineage, self.run_dir)
       done = {e["phase"]: e for e in self.lineage}
       self.metrics = MetricLogger(self.run_dir, writes=primary)
+      self.evals.metrics = self.metrics
       ctx = self._context(plan, env_pool, pools, refused)
     except BaseException:
       env_pool.close()
@@ -147,7 +149,7 @@ class Driver:
           if prev is not None and stop.now():  # a notice during the previous phase's end: stop before this one
             raise Preempted(prev["output"], stop.signal_name)
           prev, mem = self._run_phase(ctx, plan, index, spec, prev, mem, stop)
-      report = self._final_report() if primary else None
+      report = self.evals.final_report() if primary else None
     finally:
       if ctx.sampler is not None:
         ctx.sampler.close()
@@ -162,95 +164,6 @@ class Driver:
             "episodes": counts.pop("episodes", 0), "infra_failures": counts.pop("infra_failures", 0),
             "aborted": counts.pop("aborted", 0), "retried": counts.pop("infra_failures.retried", 0),
             "seconds": time.time() - t0, "resumed": resumed}
-
-  # --------------------------------------------------------------------------------------- evaluation
-
-  def _eval_dir(self, phase: str, step: int | None = None):
-    d = epath.Path(self.run_dir) / "eval" / phase
-    return d if step is None else d / str(step)
-
-  def _evaluate_or_stop(self, ctx, phase: str, step: int, actor_params, where: str, saved: bool = True):
-    """:meth:`_evaluate`; a stop notice during it stops the run (:class:`Preempted`: ``where``, ``saved``) and
-    leaves no result of the cut evaluation, so the rerun evaluates again."""
-    try:
-      return self._evaluate(ctx, phase, step, actor_params)
-    except StopRequested as e:
-      raise Preempted(where, str(e), saved=saved) from None
-
-  def _evaluate(self, ctx, phase: str, step: int, actor_params):
-    """In-training evaluation (``eval.tasks_dir``): the actor through the sampler and harness code of
-    ``python -m rsi_jax.eval``, into ``<run>/eval/<phase>/<step>/``, ``eval/metrics.jsonl`` and TensorBoard
-    (``eval/<suite>/*``). Skipped when that folder already holds a result (a resumed run). A stop notice
-    (``ctx.stop``) aborts it: :class:`~rsi_jax.stop.StopRequested`, nothing written."""
-    cfg = self.cfg
-    if not cfg.eval.tasks_dir:
-      return None
-    out = self._eval_dir(phase, step)
-    if multihost.from_primary((out / "summary.json").exists):
-      return None
-    digest = params_digest(actor_params)
-    # e.g. the critic seed's frozen actor: the same weights were just measured (or by an earlier attempt)
-    where = self._evaluated.get(digest) or multihost.from_primary(self._measured, digest)
-    if where:
-      self.console.line(f"[{phase}] eval after step {step} skipped: the actor is the one evaluated at "
-                        f"{where} ({digest})")
-      return None
-    ctx.serve(actor_params)  # on every process (the weight sync is collective)
-    # the first process runs the evaluation and writes its report; the others wait for its metrics
-    m = multihost.from_primary(self._evaluate_here, ctx, phase, step, digest, out)
-    self._evaluated[digest] = f"{phase} step {step}"
-    return m
-
-  def _measured(self, digest: str) -> str | None:
-    """Which evaluation in the run folder (an earlier attempt's) measured the actor ``digest``, if any."""
-    root = epath.Path(self.run_dir) / "eval"
-    for f in sorted(root.glob("*/*/summary.json")) if root.exists() else []:
-      try:
-        info = json.loads(f.read_text())
-      except ValueError:
-        continue
-      if isinstance(info, dict) and info.get("actor_digest") == digest:
-        return f"{info.get('phase')} step {info.get('step')}"
-    return None
-
-  def _evaluate_here(self, ctx, phase: str, step: int, digest: str, out):
-    from rsi_jax.eval.run import evaluate_policy, suite_tasks
-    cfg = self.cfg
-    if ctx.eval_suite is None:  # refused folders are listed (in summary.json too), never stop the run
-      s = suite_tasks(cfg, cfg.eval.tasks_dir, pool=ctx.pool)
-      ctx.eval_suite = (s.tasks, s.strata, s.refused, s.notes)
-      for r in s.refused:
-        self.console.line(f"warning: evaluation task folder {r['task']} of {cfg.eval.tasks_dir} refused: "
-                          f"{r['reason']}")
-    tasks, strata, refused, notes = ctx.eval_suite
-    suite = epath.Path(cfg.eval.tasks_dir).name
-    rep = evaluate_policy(cfg, ctx.pool, tasks, ctx.sampler, ctx.renderer, strata=strata,
-                          info={"suite": suite, "tasks_dir": cfg.eval.tasks_dir, "phase": phase, "step": step,
-                                "actor_digest": digest}, refused=refused, notes=notes, stop=ctx.stop)
-    out.mkdir(parents=True, exist_ok=True)
-    rep.write(out)
-    m = rep.metrics()
-    keep = {k: m[k] for k in ("mean_at_r", "pass_at_r", "mean_at_r_with_infra_as_failure", "process_reward",
-                              "strict_completions", "infra_failures")}
-    self.metrics.log_eval(phase, step, suite, keep)
-    pct = lambda x: "n/a" if x is None else f"{x:.1f}%"  # noqa: E731
-    self.console.line(f"[{phase}] eval after step {step} on {suite} ({m['n_tasks']} tasks x {m['runs']}): "
-                      f"Mean@{m['runs']} {pct(m['mean_at_r'])}, pass@{m['runs']} {pct(m['pass_at_r'])}, "
-                      f"infrastructure failures {m['infra_failures']}")
-    return m
-
-  def _final_report(self):
-    """The stage report over every phase's last evaluation (``<run>/eval/report/``)."""
-    if not self.cfg.eval.tasks_dir:
-      return None
-    from rsi_jax.eval.report import report_run
-    out = epath.Path(self.run_dir) / "eval" / "report"
-    try:
-      report_run(self.run_dir, str(out))
-    except FileNotFoundError:
-      return None
-    self.console.line(f"evaluation report: {out / 'report.md'}")
-    return str(out)
 
   def _changed_keys(self, rd, resumed: bool) -> list[str]:
     """``key: old -> new`` for every setting that changes what the run computes and differs from the run
@@ -395,10 +308,7 @@ class Driver:
           from None
     n = phase.num_steps
     self.metrics.truncate(list(self.cfg.pipeline.phases), spec.name, latest)
-    evals = self._eval_dir(spec.name)
-    for d in (evals.glob("*") if evals.exists() and multihost.is_primary() else []):
-      if d.name.isdigit() and int(d.name) > latest:  # evaluations of the steps about to be redone
-        d.rmtree()
+    self.evals.drop_after(spec.name, latest)  # evaluations of the steps about to be redone
     self.console.line(f"[{spec.name}] {spec.kind}: {phase.describe()}; weights: actor <- "
                       f"{started_from['actor']}, critic <- {started_from['critic']}")
     for line in phase.report().splitlines():
@@ -415,10 +325,10 @@ class Driver:
       return train if phase.uses_critic else train._replace(critic=carried)
 
     if list(self.cfg.pipeline.phases).index(spec.name) == 0 and latest == 0:  # the first phase's starting actor
-      self._evaluate_or_stop(ctx, "base", 0, state.train.actor, started_from["actor"], saved=False)
+      self.evals.evaluate_or_stop(ctx, "base", 0, state.train.actor, started_from["actor"], saved=False)
     every = cfg.pipeline.eval_every
     if 0 < latest < n and latest % every == 0:  # resumed: the evaluation an earlier attempt cut (none if done)
-      self._evaluate_or_stop(ctx, spec.name, latest, state.train.actor, ckpts.step_dir(latest))
+      self.evals.evaluate_or_stop(ctx, spec.name, latest, state.train.actor, ckpts.step_dir(latest))
     bar = self.console.bar(n, latest, spec.name)
     try:
       saved = latest  # the newest step on storage
@@ -448,7 +358,7 @@ class Driver:
           raise Preempted(ckpts.step_dir(i + 1), stop.signal_name)
         if (i + 1) % every == 0 and i + 1 < n:
           try:
-            self._evaluate_or_stop(ctx, spec.name, i + 1, state.train.actor, ckpts.step_dir(i + 1))
+            self.evals.evaluate_or_stop(ctx, spec.name, i + 1, state.train.actor, ckpts.step_dir(i + 1))
           except Preempted:  # the rerun resumes after this step and evaluates it again
             if i + 1 > saved:
               phase.flush()  # the step files of what is checkpointed are on storage first
@@ -462,7 +372,7 @@ class Driver:
     finally:
       self.console.close_bar()
     actor_out, critic_out = state.train.actor, (state.train.critic if phase.uses_critic else carried)
-    self._evaluate_or_stop(ctx, spec.name, n, actor_out, ckpts.step_dir(n))  # each phase's final weights
+    self.evals.evaluate_or_stop(ctx, spec.name, n, actor_out, ckpts.step_dir(n))  # each phase's final weights
     entry = {"phase": spec.name, "kind": spec.kind, "started_from": started_from, "output": ckpts.step_dir(n),
              "steps": n, "optimizer": "fresh at phase start (weights-only handoff)",
              "actor_digest": params_digest(actor_out),
