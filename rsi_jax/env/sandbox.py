@@ -386,18 +386,13 @@ class DockerSandbox:
     """Write files into the container: {absolute container path: content bytes/str or a host Path}."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-      for dst, src in files.items():
-        if isinstance(src, Path):
-          data, m = src.read_bytes(), src.stat().st_mode & 0o777
-        else:
-          data, m = (src.encode() if isinstance(src, str) else src), mode
-        info = tarfile.TarInfo(dst.lstrip("/"))
-        info.size, info.mode, info.mtime = len(data), m, int(time.time())
-        tar.addfile(info, io.BytesIO(data))
+      _add_files(tar, files, mode)
     self._put_archive(buf.getvalue())
 
-  def put_dir(self, host_dir: str | Path, container_dir: str, extra: Iterable[Path] = ()):
-    """Copy a host folder's content (and extra files) into ``container_dir`` (created, modes kept)."""
+  def put_dir(self, host_dir: str | Path, container_dir: str, extra: Iterable[Path] = (),
+              files: Mapping[str, bytes | str | Path] | None = None):
+    """Copy a host folder's content (and extra files) into ``container_dir`` (created, modes kept), and
+    ``files`` as :meth:`put_files` writes them, in one copy."""
     host_dir = Path(host_dir)
     buf = io.BytesIO()
     base = container_dir.strip("/")
@@ -405,6 +400,7 @@ class DockerSandbox:
       tar.add(host_dir, arcname=base, recursive=True, filter=_root_owned)
       for f in extra:
         tar.add(f, arcname=f"{base}/{Path(f).name}", filter=_root_owned)
+      _add_files(tar, files or {}, 0o644)
     self._put_archive(buf.getvalue())
 
   def _put_archive(self, data: bytes):
@@ -450,6 +446,17 @@ class DockerSandbox:
     except docker.errors.DockerException as e:
       self._check_alive("a diff")
       raise SandboxError(DOCKER_ERROR, f"diff failed: {e}") from None
+
+
+def _add_files(tar: tarfile.TarFile, files: Mapping[str, bytes | str | Path], mode: int):
+  for dst, src in files.items():
+    if isinstance(src, Path):
+      data, m = src.read_bytes(), src.stat().st_mode & 0o777
+    else:
+      data, m = (src.encode() if isinstance(src, str) else src), mode
+    info = tarfile.TarInfo(dst.lstrip("/"))
+    info.size, info.mode, info.mtime = len(data), m, int(time.time())
+    tar.addfile(info, io.BytesIO(data))
 
 
 def _root_owned(ti: tarfile.TarInfo) -> tarfile.TarInfo:

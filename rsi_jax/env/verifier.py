@@ -13,7 +13,7 @@ Order of operations in the episode's container, once the agent's last command ha
    tampering fails the episode (S = 0). Parent-directory entries of ``docker diff`` and byte-code are not
    tampering (an agent that ran Python or its own pytest and then solved the task is not punished), but
    byte-code the agent added or changed in those trees is deleted before the tests run;
-3. put back the private files the image copied and :func:`rsi_jax.env.pool.run_episode` hid from the agent
+3. put back the private files the image copied and :func:`rsi_jax.env.episode.run_episode` hid from the agent
    (``Task.private_origin``: content from the task folder, mode as the image had it), after removing whatever
    the agent left at those paths, any link or file standing in for a folder above them, what it added inside a
    copied folder, and pytest configuration it wrote beside or above them; delete ``/logs/verifier``,
@@ -49,7 +49,9 @@ import json
 import logging
 import re
 import secrets
+import shlex
 import tarfile
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -100,8 +102,17 @@ class VerifierRun:
   tampered: tuple[str, ...] = ()
 
 
+_IMAGE_ENV: dict[str, dict[str, str]] = {}  # image id -> its config's Env (an image id names fixed content)
+_IMAGE_ENV_LOCK = threading.Lock()
+
+
 def image_env(sandbox: DockerSandbox) -> dict[str, str]:
-  """The image's own environment (its config's ``Env``; the agent cannot change it)."""
+  """The image's own environment (its config's ``Env``; the agent cannot change it), read once per image."""
+  image_id = (sandbox.container.attrs or {}).get("Image")
+  with _IMAGE_ENV_LOCK:
+    known = _IMAGE_ENV.get(image_id) if image_id else None
+  if known is not None:
+    return dict(known)
   try:
     config = sandbox.container.image.attrs.get("Config") or {}
   except Exception as e:  # noqa: BLE001 - a docker-py / HTTP error: the verifier cannot run as the image says
@@ -111,6 +122,9 @@ def image_env(sandbox: DockerSandbox) -> dict[str, str]:
     k, sep, v = str(item).partition("=")
     if sep and k:
       out[k] = v
+  if image_id:
+    with _IMAGE_ENV_LOCK:
+      _IMAGE_ENV[image_id] = dict(out)
   return out
 
 
@@ -120,7 +134,7 @@ def verify(sandbox: DockerSandbox, task: Task, *, timeout_s: float | None = None
   """Run the task's protected verifier in ``sandbox`` (after the agent finished). Never raises for
   sandbox problems: they become an infrastructure-failure outcome with ``failure_kind`` set.
   ``private_modes``: {container path: mode} of the private files the image copied, as read before the agent
-  started (:func:`rsi_jax.env.pool.run_episode`)."""
+  started (:func:`rsi_jax.env.episode.run_episode`)."""
   timeout_s = float(timeout_s or task.verifier_timeout_s)
   t0 = time.time()
   try:
@@ -156,22 +170,19 @@ def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0, private_modes) 
       raise SandboxError(VERIFIER_ERROR, f"could not remove the agent's byte-code: {rm.output[-300:]}")
   restore_private(sandbox, task, changes, private_modes)
   nonce = secrets.token_hex(16)
-  clean = sandbox.exec_raw(["/bin/rm", "-rf", LOGS_DIR, TESTS_DIR, GUARD_DIR, GUARD_LIB, *PLANTED_CONFIG],
-                           timeout_s=30)
-  if clean.exit_code != 0:
-    raise SandboxError(VERIFIER_ERROR, f"could not clear {LOGS_DIR}: {clean.output[-300:]}")
-  sandbox.exec_raw(["/bin/mkdir", "-p", LOGS_DIR, GUARD_DIR], timeout_s=30)
-  sandbox.put_dir(task.tests_dir, TESTS_DIR, extra=task.extra_test_files)
+  # one exec: clear what an earlier report or the agent left, make the report folders, and list the
+  # site-packages of each interpreter the script may run isolated (-I ignores PYTHONPATH) for the guard
+  prep = sandbox.exec_raw(["/bin/bash", "-c", _PREPARE_SCRIPT, "prepare", *prot.dirs], timeout_s=30)
+  if prep.exit_code != 0:
+    raise SandboxError(VERIFIER_ERROR, f"could not clear {LOGS_DIR}: {prep.output[-300:]}")
   guard = {f"{GUARD_LIB}/{GUARD_MODULE}.py": GUARD_SOURCE.read_bytes()}
-  # in the site-packages of each interpreter the script may run isolated (-I ignores PYTHONPATH)
-  sites = sandbox.exec_raw(["/bin/bash", "-c", _SITES_SCRIPT, "sites", *prot.dirs], timeout_s=30)
-  for site in dict.fromkeys(sites.output.splitlines()):
+  for site in dict.fromkeys(prep.output.splitlines()):
     if site.startswith("/") and "\n" not in site:
       guard[f"{site}/{GUARD_MODULE}.py"] = guard[f"{GUARD_LIB}/{GUARD_MODULE}.py"]
   offline = sandbox.network == "none"
   if offline:
     guard[APT_OFFLINE_CONF] = APT_OFFLINE
-  sandbox.put_files(guard)
+  sandbox.put_dir(task.tests_dir, TESTS_DIR, extra=task.extra_test_files, files=guard)  # one copy
   # 4. The test script, with the image's environment, the task's, then fixed variables.
   pythonpath = task.verifier_env.get("PYTHONPATH", img.get("PYTHONPATH", ""))
   env = {**img, **task.verifier_env, "PATH": path, "TEST_DIR": TESTS_DIR, "PYTHONNOUSERSITE": "1",
@@ -248,12 +259,14 @@ def _verify(sandbox, task, timeout_s, hygiene_patterns, cap, t0, private_modes) 
 
 # The site-packages of the interpreters of the given directories' prefixes ("<prefix>/bin" -> "<prefix>/lib/
 # python3*/site-packages") and Debian's system dist-packages.
-_SITES_SCRIPT = r"""
+_PREPARE_SCRIPT = (
+    f"/bin/rm -rf -- {' '.join(shlex.quote(p) for p in (LOGS_DIR, TESTS_DIR, GUARD_DIR, GUARD_LIB, *PLANTED_CONFIG))}"
+    f" || exit 1\n/bin/mkdir -p -- {shlex.quote(LOGS_DIR)} {shlex.quote(GUARD_DIR)} || exit 1\n" + r"""
 for d in "$@"; do
   [[ ${d##*/} == bin ]] || continue
   for s in "${d%/*}"/lib/python3*/site-packages; do [[ -d $s && ! -L $s ]] && echo "$s"; done
 done
-""" + f"[[ -d {SYSTEM_SITE} ]] && echo {SYSTEM_SITE}\nexit 0\n"
+""" + f"[[ -d {SYSTEM_SITE} ]] && echo {SYSTEM_SITE}\nexit 0\n")
 
 # What a name lookup or a connection says when the container has no network (curl, glibc / Python, Node, Java,
 # Go, wget, apt-style "Could not resolve"): a host that does not resolve, or a network that cannot be reached
