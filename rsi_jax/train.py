@@ -69,7 +69,7 @@ def _run_program(config_path: str, overrides, after, distributed: bool) -> int:
   from rsi_jax.pipeline.run_folder import run_dir_of
   from rsi_jax.env.pool import AllEndpointsDown
   from rsi_jax.models.checkpoint import CheckpointError
-  from rsi_jax.pipeline.phases import InvariantError, NoTrainableSamples
+  from rsi_jax.pipeline.errors import InvariantError, NoTrainableSamples
   run_dir = run_dir_of(cfg)
   # the other processes log to train.<process>.log and print only failures (asked only when distributed:
   # asking starts JAX's backends, whose messages would reach the console before the log file is open)

@@ -3,7 +3,8 @@
 Base ─RSR-1─► θ1 ─critic seed─► φ_seed ─RPR-1─► (θ1⁺, φ1⁺) ─RSR-2─► θ2 (Δφ = 0) ─RPR-2─► final
 
 The driver owns the order of the phases, where each phase's weights come from, checkpoints, resume, metrics
-and the console; each phase (:mod:`rsi_jax.pipeline.phases`) owns what its steps do. For every phase:
+and the console; each phase (:mod:`rsi_jax.pipeline.phases`: the interface; the kinds in
+:mod:`~rsi_jax.pipeline.rsr_phase` and :mod:`~rsi_jax.pipeline.rollout_phase`) owns what its steps do. For every phase:
 
 1. starting weights: ``pipeline.actor_from`` / ``critic_from`` (the previous phase's output by default,
    ``init``, or a checkpoint folder) — weights only; optimizer states start fresh (checked) and the RNG
@@ -16,7 +17,7 @@ and the console; each phase (:mod:`rsi_jax.pipeline.phases`) owns what its steps
    newest completed step, and stops with :class:`~rsi_jax.pipeline.preemption.Preempted`; a cut evaluation
    runs again on the rerun;
 4. invariants: Δφ = 0 across a phase that does not train the critic (RSR), a fresh optimizer state at every
-   phase start; a violation raises :class:`~rsi_jax.pipeline.phases.InvariantError`;
+   phase start; a violation raises :class:`~rsi_jax.pipeline.errors.InvariantError`;
 5. a lineage entry (``lineage.json``): where its weights came from, its output, content digests of both
    roles, the config digest, the reward-table digest and the code version.
 
@@ -43,7 +44,10 @@ from rsi_jax.pipeline import multihost
 from rsi_jax.pipeline import plan as phase_plan  # phase_plan.preflight: looked up when called
 from rsi_jax.pipeline.console import Console, format_step
 from rsi_jax.pipeline.evaluation import Evaluations
-from rsi_jax.pipeline.phases import PHASES, InvariantError, PhaseState, RunContext, pool_key
+from rsi_jax.pipeline.errors import InvariantError
+from rsi_jax.pipeline.phases import PhaseState, RunContext, pool_key
+from rsi_jax.pipeline.rollout_phase import CriticSeedPhase, RPRPhase
+from rsi_jax.pipeline.rsr_phase import RSRPhase
 from rsi_jax.pipeline.plan import INIT, PREVIOUS, PhaseSpec, PreflightError, load_pool
 from rsi_jax.pipeline.preemption import Preempted, Stop
 from rsi_jax.pipeline.run_folder import (LINEAGE, checkpoint_root, code_version, config_digest, existing_run,
@@ -82,6 +86,9 @@ def check_fresh(train, phase: str):
                            f"(update counts {_adam_counts(st)})")
   if int(jax.device_get(train.step)) != 0:
     raise InvariantError(f"{phase}: update counter starts at {int(jax.device_get(train.step))}, not 0")
+
+
+PHASES = {"rsr": RSRPhase, "critic_seed": CriticSeedPhase, "rpr": RPRPhase}  # phase kind -> its class
 
 
 class Driver:

@@ -3,7 +3,7 @@
 :func:`score_and_filter` is a pure function of the step's episodes (``rsi_jax.env.episode.EpisodeResult`` or
 anything with its ``outcome``, ``family``, ``segments``, ``failure_kind`` and ``stop_reason``), the phase's
 divisor table and the sampler's weight version: it touches no sampler, container, trainer or file. The phase
-(:class:`~rsi_jax.pipeline.phases.RolloutPhase`) writes the outcome rows and transcripts from what it returns.
+(:class:`~rsi_jax.pipeline.rollout_phase.RolloutPhase`) writes the outcome rows and transcripts from what it returns.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from rsi_jax.config import CONFIG_DIR, load_config
 from rsi_jax.models import Actor, Critic, build_mesh
 from rsi_jax.models.checkpoint import params_digest, restore_params, saved_items
 from rsi_jax.pipeline.driver import Driver
-from rsi_jax.pipeline.phases import NoTrainableSamples
+from rsi_jax.pipeline.errors import NoTrainableSamples
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 

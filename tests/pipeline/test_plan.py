@@ -15,7 +15,7 @@ from rsi_jax.env.rollouts import TaskOrder, derive_seed
 from rsi_jax.pipeline.driver import check_fresh
 from rsi_jax.pipeline.plan import PreflightError, build_plan, preflight
 from rsi_jax.pipeline.run_folder import checkpoint_root, run_dir_of
-from rsi_jax.pipeline.phases import InvariantError
+from rsi_jax.pipeline.errors import InvariantError
 
 SMOKE = CONFIG_DIR / "smoke.yml"
 
@@ -235,7 +235,7 @@ def test_funnel_tasks_filters_families_then_takes_the_first_of_each_round_robin(
   """rsr.families then rsr.max_tasks: e.g. a warm start on some of the train tasks of some templates."""
   from types import SimpleNamespace
 
-  from rsi_jax.pipeline.phases import funnel_tasks
+  from rsi_jax.pipeline.rsr_phase import funnel_tasks
   pool = [SimpleNamespace(name=f"{f}-{i}", family=f) for f in ("a", "b", "c") for i in range(4)]
   names = lambda ts: [t.name for t in ts]
   assert names(funnel_tasks(pool, (), 0, "rsr1")) == names(pool)
