@@ -10,10 +10,12 @@ backend the devices a config's mesh asks for.
 
 from __future__ import annotations
 
+import _thread
 import math
 import os
 import sys
 import textwrap
+import threading
 from collections.abc import Mapping, Sequence
 
 from absl import flags
@@ -24,6 +26,30 @@ _FORCE_COUNT = "xla_force_host_platform_device_count"
 
 class UsageError(Exception):
   """A command line that cannot run: one line, exit status 2."""
+
+
+class _RedeliverInterrupt:
+  """``sys.unraisablehook``: a Ctrl-C that landed in code whose exceptions Python can only report, not raise (a
+  garbage-collection callback such as JAX's, which runs thousands of times while a program starts; a finalizer),
+  is delivered to the main thread again instead of being lost; every other report goes to the hook before."""
+
+  def __init__(self, before):
+    self.before = before
+
+  def __call__(self, u) -> None:
+    if u.exc_type is not None and issubclass(u.exc_type, KeyboardInterrupt):
+      # from another thread, a moment later: raised here, it would be reported (and lost) again
+      t = threading.Timer(0.01, _thread.interrupt_main)
+      t.daemon = True
+      t.start()
+      return
+    self.before(u)
+
+
+def keep_ctrl_c() -> None:
+  """Never lose a Ctrl-C (:class:`_RedeliverInterrupt`); called first by the long-running entry points."""
+  if not isinstance(sys.unraisablehook, _RedeliverInterrupt):
+    sys.unraisablehook = _RedeliverInterrupt(sys.unraisablehook)
 
 
 def flag_values() -> flags.FlagValues:

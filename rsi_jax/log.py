@@ -73,21 +73,25 @@ class LibraryOutputToFile:
     self._log.close()
     self.console_out.flush()
     self.console_err.flush()
-    sys.unraisablehook = _AppendUnraisable(self.path)
+    sys.unraisablehook = _AppendUnraisable(self.path, sys.unraisablehook)
 
 
 class _AppendUnraisable:
   """``sys.unraisablehook`` appending each report to a log file (opened per report: the run's own handle is
-  closed by then); the default hook when the file cannot be written."""
+  closed by then); a Ctrl-C, and a report the file cannot take, go to the hook before."""
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, before=None):
     self.path = path
+    self.before = getattr(before, "before", before) if isinstance(before, _AppendUnraisable) else before
 
   def __call__(self, u) -> None:
+    if u.exc_type is not None and issubclass(u.exc_type, KeyboardInterrupt):
+      (self.before or sys.__unraisablehook__)(u)
+      return
     try:
       lines = [f"{u.err_msg or 'Exception ignored in'}: {u.object!r}\n"]
       lines += traceback.format_exception(u.exc_type, u.exc_value, u.exc_traceback)
       with open(self.path, "a") as f:
         f.writelines(lines)
     except Exception:  # noqa: BLE001 - a report that cannot be written goes where Python puts it
-      sys.__unraisablehook__(u)
+      (self.before or sys.__unraisablehook__)(u)

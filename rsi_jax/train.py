@@ -176,4 +176,5 @@ class _Quiet:
 
 
 if __name__ == "__main__":
+  cli.keep_ctrl_c()
   sys.exit(main())

@@ -1,8 +1,11 @@
 """rsi_jax.log: library output goes to the run's log file, the terminal keeps the run's own lines."""
 
+import signal
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 # An abandoned coroutine whose ``except BaseException`` turns the GeneratorExit of its closing into another
 # error (what Orbax's ``_read_array_index_and_device_put`` does when a failed restore leaves its reads behind):
@@ -44,3 +47,46 @@ def test_late_library_reports_go_to_the_log_not_the_terminal(tmp_path):
   text = log.read_text()
   assert text.count("Exception ignored") == 2, text
   assert text.count("Encountered error while reading array index") == 2, text
+
+
+# A Ctrl-C that arrives while a garbage-collection callback runs (JAX registers one; while a program imports and
+# builds its models it runs thousands of times) is raised inside the callback, where Python can only report it
+# ("Exception ignored in: <function _xla_gc_callback>"): the interrupt was lost and the start-up went on.
+_CTRL_C_IN_GC = textwrap.dedent("""
+  import gc, sys, time
+  from rsi_jax import cli
+  if sys.argv[1] == "keep":
+    cli.keep_ctrl_c()
+  armed = [True]
+
+  def callback(phase, info):
+    if phase == "start" and armed[0]:
+      armed[0] = False
+      print("in callback", flush=True)
+      time.sleep(10)  # the Ctrl-C arrives here
+
+  gc.callbacks.append(callback)
+  try:
+    gc.collect()
+    for _ in range(30):
+      time.sleep(0.1)  # the rest of the start-up
+    print("finished", flush=True)
+  except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+""")
+
+
+@pytest.mark.parametrize("mode", ["keep", "default"])
+def test_a_ctrl_c_that_lands_in_a_gc_callback_is_not_lost(mode):
+  p = subprocess.Popen([sys.executable, "-c", _CTRL_C_IN_GC, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+  assert p.stdout.readline().strip() == "in callback"
+  p.send_signal(signal.SIGINT)
+  out, err = p.communicate(timeout=60)
+  if mode == "keep":  # the entry points' setting: delivered again, the program stops as for any Ctrl-C
+    assert (p.returncode, out.strip()) == (130, "interrupted"), (out, err)
+    assert "Exception ignored" not in err, err
+  else:  # Python's own behaviour, which the setting exists for: the interrupt is only reported
+    assert (p.returncode, out.strip()) == (0, "finished"), (out, err)
+    assert "KeyboardInterrupt" in err

@@ -107,4 +107,5 @@ def _evaluate(cfg, out, log_path: str) -> int:
 
 
 if __name__ == "__main__":
+  cli.keep_ctrl_c()
   sys.exit(main())

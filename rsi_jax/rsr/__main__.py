@@ -55,4 +55,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+  cli.keep_ctrl_c()
   sys.exit(main())
