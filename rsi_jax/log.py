@@ -80,13 +80,13 @@ class _AppendUnraisable:
   """``sys.unraisablehook`` appending each report to a log file (opened per report: the run's own handle is
   closed by then); a Ctrl-C, and a report the file cannot take, go to the hook before."""
 
-  def __init__(self, path: str, before=None):
+  def __init__(self, path: str, before):
     self.path = path
-    self.before = getattr(before, "before", before) if isinstance(before, _AppendUnraisable) else before
+    self.before = before.before if isinstance(before, _AppendUnraisable) else before  # no chain of log files
 
   def __call__(self, u) -> None:
     if u.exc_type is not None and issubclass(u.exc_type, KeyboardInterrupt):
-      (self.before or sys.__unraisablehook__)(u)
+      self.before(u)
       return
     try:
       lines = [f"{u.err_msg or 'Exception ignored in'}: {u.object!r}\n"]
@@ -94,4 +94,4 @@ class _AppendUnraisable:
       with open(self.path, "a") as f:
         f.writelines(lines)
     except Exception:  # noqa: BLE001 - a report that cannot be written goes where Python puts it
-      (self.before or sys.__unraisablehook__)(u)
+      self.before(u)
