@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from rsi_jax.config_schema import Config, ConfigError
+from rsi_jax.config_checks import ConfigError
+from rsi_jax.config_schema import Config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"

@@ -1,23 +1,22 @@
-"""The configuration schema: one frozen dataclass per section, each validating its own values.
+"""The configuration schema: the whole :class:`Config` and its run, sampler, env, RSR, eval and pipeline sections.
 
-Every section is a frozen dataclass; the schema *is* the dataclasses below, and :class:`Config` holds one of
-each. Unknown keys, wrong types and impossible values raise :class:`ConfigError` naming the dotted key (the
-unknown keys and types while :mod:`rsi_jax.config_loader` builds the dataclasses, the values in each
-section's ``validate``).
+Every section is a frozen dataclass; the schema *is* these dataclasses and the learner's sections in
+:mod:`rsi_jax.config_learning` (model, mesh, optimizers, RL, rollout, reward), and :class:`Config` holds one of
+each. Unknown keys, wrong types and impossible values raise :class:`~rsi_jax.config_checks.ConfigError` naming
+the dotted key (the unknown keys and types while :mod:`rsi_jax.config_loader` builds the dataclasses, the values
+in each section's ``validate``, with the checks of :mod:`rsi_jax.config_checks`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import typing
 from collections.abc import Mapping
 from pathlib import Path
 
-
-class ConfigError(ValueError):
-  """A configuration value is unknown, of the wrong type, or impossible. The message names the key."""
+from rsi_jax.config_checks import check, check_location
+from rsi_jax.config_learning import MeshConfig, ModelConfig, OptimConfig, RLConfig, RewardConfig, RolloutConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,16 +43,16 @@ class RunConfig:
   keep_transcripts: str = "all"
 
   def validate(self, p):
-    _check(self.name != "", f"{p}.name", "must not be empty")
-    _check("/" not in self.name, f"{p}.name", f"must not contain '/', got {self.name!r}")
-    _check(self.output_dir != "", f"{p}.output_dir", "must not be empty")
-    _check(self.preempt_budget_s >= 0, f"{p}.preempt_budget_s", f"must be >= 0 (0 = no limit), got "
+    check(self.name != "", f"{p}.name", "must not be empty")
+    check("/" not in self.name, f"{p}.name", f"must not contain '/', got {self.name!r}")
+    check(self.output_dir != "", f"{p}.output_dir", "must not be empty")
+    check(self.preempt_budget_s >= 0, f"{p}.preempt_budget_s", f"must be >= 0 (0 = no limit), got "
            f"{self.preempt_budget_s}")
     check_location(self.output_dir, f"{p}.output_dir")
-    _check(self.resume in ("auto", "never"), f"{p}.resume", f"must be 'auto' or 'never', got {self.resume!r}")
-    _check(self.log_level in ("debug", "info", "warning", "error"), f"{p}.log_level",
+    check(self.resume in ("auto", "never"), f"{p}.resume", f"must be 'auto' or 'never', got {self.resume!r}")
+    check(self.log_level in ("debug", "info", "warning", "error"), f"{p}.log_level",
            f"must be one of debug/info/warning/error, got {self.log_level!r}")
-    _check(_transcript_sample_size(self.keep_transcripts) is not None, f"{p}.keep_transcripts",
+    check(_transcript_sample_size(self.keep_transcripts) is not None, f"{p}.keep_transcripts",
            f"must be 'all', 'failures' or 'sample:N' with N >= 1, got {self.keep_transcripts!r}")
 
 
@@ -65,220 +64,6 @@ def _transcript_sample_size(mode: str) -> int | None:
   if m is None or int(m.group(1)) < 1:
     return None
   return int(m.group(1))
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """A MaxText Qwen3 decoder. Field names are MaxText's own config keys, passed through to pyconfig."""
-  name: str = "qwen3-tiny"
-  decoder_block: str = "qwen3"
-  base_emb_dim: int = 64
-  base_num_query_heads: int = 4
-  base_num_kv_heads: int = 2
-  base_mlp_dim: int = 128
-  base_num_decoder_layers: int = 2
-  head_dim: int = 16
-  vocab_size: int = 151936
-  logits_via_embedding: bool = True  # tie_word_embeddings
-  normalization_layer_epsilon: float = 1e-6
-  rope_max_timescale: int = 1_000_000
-  use_qk_norm: bool = True
-  max_target_length: int = 512
-  dtype: str = "float32"  # activation dtype
-  weight_dtype: str = "float32"
-  scan_layers: bool = True
-  remat_policy: str = "full"
-  attention: str = "dot_product"
-  hf_path: str = ""  # local HF Qwen3 folder (config.json + *.safetensors) to import; "" = random init
-  tokenizer_path: str = ""  # "" = the Qwen3 tokenizer shipped inside the maxtext package
-  maxtext_overrides: dict = dataclasses.field(default_factory=dict)  # any further MaxText keys, verbatim
-  # LM-head matmul for log-probs/logits: float32 (full-precision reference path) or the activation dtype
-  # with float32 accumulation; the log-softmax is float32 either way.
-  logits_dtype: str = "float32"
-
-  def validate(self, p):
-    for k in ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim",
-              "base_num_decoder_layers", "head_dim", "vocab_size", "max_target_length"):
-      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
-    _check(self.base_num_query_heads % self.base_num_kv_heads == 0, f"{p}.base_num_kv_heads",
-           f"must divide base_num_query_heads ({self.base_num_query_heads}), got {self.base_num_kv_heads}")
-    for k in ("dtype", "weight_dtype"):
-      _check(getattr(self, k) in ("float32", "bfloat16", "float16"), f"{p}.{k}",
-             f"must be float32/bfloat16/float16, got {getattr(self, k)!r}")
-    _check(self.normalization_layer_epsilon > 0, f"{p}.normalization_layer_epsilon", "must be > 0")
-    _check(self.logits_dtype in ("float32", "bfloat16"), f"{p}.logits_dtype",
-           f"must be float32/bfloat16, got {self.logits_dtype!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-  """Device mesh in MaxText's terms. -1 on one ICI axis means: whatever the devices leave."""
-  ici_data_parallelism: int = 1
-  ici_fsdp_parallelism: int = -1
-  ici_tensor_parallelism: int = 1
-  ici_context_parallelism: int = 1
-  dcn_data_parallelism: int = 1
-  dcn_fsdp_parallelism: int = 1
-
-  def validate(self, p):
-    autos = [k for k, v in self.items() if v == -1]
-    _check(len(autos) <= 1, f"{p}.{autos[-1] if autos else ''}", "at most one mesh axis may be -1")
-    for k, v in self.items():
-      _check(v == -1 or v >= 1, f"{p}.{k}", f"must be >= 1 or -1, got {v}")
-
-  def items(self):
-    return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
-
-  def batch_shards(self) -> int | None:
-    """Number of shards the batch axis is split over (data x fsdp, ICI x DCN), None if an axis is auto."""
-    v = [self.ici_data_parallelism, self.ici_fsdp_parallelism, self.dcn_data_parallelism,
-         self.dcn_fsdp_parallelism]
-    return None if -1 in v else math.prod(v)
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimConfig:
-  """AdamW + global-norm clipping (paper App. A). Constant learning rate within a phase."""
-  learning_rate: float = 5e-7
-  b1: float = 0.90
-  b2: float = 0.98
-  eps: float = 1e-8
-  weight_decay: float = 0.10
-  grad_clip: float = 1.0
-  # false (Megatron's default, the paper's stack): norm scales and biases are not decayed
-  decay_norms_and_biases: bool = False
-
-  def validate(self, p):
-    _check(self.learning_rate >= 0, f"{p}.learning_rate", f"must be >= 0, got {self.learning_rate}")
-    _check(0 <= self.b1 < 1, f"{p}.b1", f"must be in [0, 1), got {self.b1}")
-    _check(0 <= self.b2 < 1, f"{p}.b2", f"must be in [0, 1), got {self.b2}")
-    _check(self.eps > 0, f"{p}.eps", f"must be > 0, got {self.eps}")
-    _check(self.weight_decay >= 0, f"{p}.weight_decay", f"must be >= 0, got {self.weight_decay}")
-    _check(self.grad_clip > 0, f"{p}.grad_clip", f"must be > 0, got {self.grad_clip}")
-
-
-@dataclasses.dataclass(frozen=True)
-class RLConfig:
-  """Credit assignment and PPO (paper §2.3–2.4, App. A)."""
-  gamma_turn: float = 1.0
-  lambda_turn: float = 1.0
-  clip_low: float = 0.30
-  clip_high: float = 5.00
-  value_clip: float = 4.00
-  logprob_chunk: int = 1024
-  pad_multiple: int = 2048  # token rows are padded to a multiple of this (bounded set of compiled shapes)
-  # PPO passes over one rollout batch: rows split into `minibatches` updates, repeated `ppo_epochs` times,
-  # all against the same π_old / v_old. The paper (App. A: rollout batch = global batch) makes one optimizer
-  # update per rollout step, the default; more minibatches / epochs (the ratio clip then binds from the
-  # second update on) are a departure available by config.
-  minibatches: int = 1
-  ppo_epochs: int = 1
-  # The learner's passes (rsi_jax/rl/packing.py): each device computes one row of at most this many tokens
-  # per forward/backward pass, several samples (segments) packed into it with their own segment ids; a
-  # sample longer than the budget has a row of its own. 0 = no packing: one sample per row
-  per_device_token_budget: int = 8192
-  # spread samples over the data shards by token count (longest first to the least loaded shard) and pack
-  # rows first-fit decreasing; false: contiguous blocks of samples in order (paper: RPR-2 balances)
-  dynamic_balancing: bool = False
-  # TB-GAE's recurrence (rsi_jax/rl/advantages.py): scan (sequential lax.scan), associative
-  # (lax.associative_scan, log depth) or auto (associative on accelerators, scan on CPU); same results
-  gae_impl: str = "auto"
-
-  def validate(self, p):
-    _check(self.gae_impl in ("scan", "associative", "auto"), f"{p}.gae_impl",
-           f"must be 'scan', 'associative' or 'auto', got {self.gae_impl!r}")
-    for k in ("minibatches", "ppo_epochs"):
-      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
-    for k in ("gamma_turn", "lambda_turn"):
-      _check(0 <= getattr(self, k) <= 1, f"{p}.{k}", f"must be in [0, 1], got {getattr(self, k)}")
-    for k in ("clip_low", "clip_high", "value_clip"):
-      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
-    _check(self.clip_low < 1, f"{p}.clip_low", f"must be < 1 (ratio floor 1-clip_low > 0), got {self.clip_low}")
-    for k in ("logprob_chunk", "pad_multiple"):
-      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
-    _check(self.per_device_token_budget >= 0, f"{p}.per_device_token_budget",
-           f"must be >= 0 (0 = no packing), got {self.per_device_token_budget}")
-    _check(self.per_device_token_budget % self.pad_multiple == 0, f"{p}.per_device_token_budget",
-           f"must be a multiple of rl.pad_multiple={self.pad_multiple} (rows are padded to it), got "
-           f"{self.per_device_token_budget}")
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-  global_batch: int = 256  # trajectories used per rollout step
-  requested: int = 288  # requested per step; the first global_batch to finish are used
-  temperature: float = 1.0
-  top_p: float = 1.0
-  top_k: int = 0  # 0 = off
-  max_new_tokens: int = 8192  # per turn
-  # longest prompt the sampler accepts (paper: 96,000); the engine bounds it too: sampler.max_cache_length - 1
-  # (paged) or sampler.max_prefill_length (slot / maxtext). Longer prompts get sampler.prompt_overflow
-  max_input_tokens: int = 96000
-  responses_per_task: int = 1  # episodes per drawn task in a rollout step (consecutive request indices)
-  # one-batch-ahead asynchrony (paper §3.1): the rollouts of step k+1 are collected while the learner trains
-  # on step k; a sample whose tokens are more than this many actor updates old is not trained on.
-  # 0 = synchronous (rollouts, then the update)
-  max_staleness: int = 1
-  # true: the used episodes are the first global_batch by request index (not by finishing time) and every
-  # sampler request is seeded from (run.seed, phase, step, request index, turn), so a run killed and resumed
-  # ends with the same weights as an uninterrupted one; false: the first global_batch to finish are used
-  deterministic: bool = False
-
-  def validate(self, p):
-    _check(self.global_batch > 0, f"{p}.global_batch", f"must be > 0, got {self.global_batch}")
-    _check(self.requested >= self.global_batch, f"{p}.requested",
-           f"must be >= global_batch ({self.global_batch}), got {self.requested}")
-    _check(self.temperature >= 0, f"{p}.temperature", f"must be >= 0, got {self.temperature}")
-    _check(0 < self.top_p <= 1, f"{p}.top_p", f"must be in (0, 1], got {self.top_p}")
-    _check(self.top_k >= 0, f"{p}.top_k", f"must be >= 0, got {self.top_k}")
-    _check(self.max_new_tokens > 0, f"{p}.max_new_tokens", "must be > 0")
-    _check(self.max_input_tokens > 0, f"{p}.max_input_tokens", "must be > 0")
-    _check(self.responses_per_task > 0, f"{p}.responses_per_task", f"must be > 0, got {self.responses_per_task}")
-    _check(self.max_staleness >= 0, f"{p}.max_staleness", f"must be >= 0, got {self.max_staleness}")
-    _check(not (self.deterministic and self.max_staleness > 0), f"{p}.deterministic",
-           "needs rollout.max_staleness=0 (with one-batch-ahead rollouts, which weights sample a token depends "
-           "on timing)")
-
-
-@dataclasses.dataclass(frozen=True)
-class RewardConfig:
-  """FDR / SPR rewards from verifier reports (paper §2.2, App. B); see rsi_jax/rl/rewards.py, divisors.py."""
-  kind: str = "fdr"  # fdr | spr
-  fallback_divisor: float = 82.0  # for families without a divisor when no divisor_table is set
-  calibration_quantile: float = 0.90
-  divisor_table: str = ""  # path to a divisor table (JSON with provenance); "" = fallback for every family
-  hygiene_patterns: tuple = ()  # regexes (re.search on the CTRF test name) of checks excluded from P and N
-  # SPR recalibration between phases (offline). Rules in priority order: failure suppression, then long
-  # low-reward; families with fewer than recalibration_min_samples trajectories keep their divisor.
-  high_reward_failure_threshold: float = 0.5  # failures scoring at least this are "high-reward failures"
-  high_reward_failure_share: float = 0.25  # family share of such failures that triggers suppression
-  suppression_factor: float = 2.0  # divisor multiplier for failure suppression (paper: doubled)
-  long_low_reward_turns: int = 40  # a family is "long" when its median turns reach this
-  long_low_reward_mean: float = 0.25  # ... and "low-reward" when its mean reward is below this
-  long_low_reward_factor: float = 0.25  # divisor multiplier for long low-reward families (paper: quartered)
-  recalibration_min_samples: int = 5
-
-  def validate(self, p):
-    _check(self.kind in ("fdr", "spr"), f"{p}.kind", f"must be 'fdr' or 'spr', got {self.kind!r}")
-    _check(self.fallback_divisor > 0, f"{p}.fallback_divisor", f"must be > 0, got {self.fallback_divisor}")
-    _check(0 < self.calibration_quantile <= 1, f"{p}.calibration_quantile", "must be in (0, 1]")
-    for pat in self.hygiene_patterns:
-      try:
-        re.compile(pat)
-      except (re.error, TypeError) as e:
-        raise ConfigError(f"{p}.hygiene_patterns: {pat!r} is not a valid regex: {e}") from None
-    _check(self.high_reward_failure_threshold >= 0, f"{p}.high_reward_failure_threshold",
-           f"must be >= 0, got {self.high_reward_failure_threshold}")
-    _check(0 <= self.high_reward_failure_share <= 1, f"{p}.high_reward_failure_share",
-           f"must be in [0, 1], got {self.high_reward_failure_share}")
-    _check(self.long_low_reward_turns >= 0, f"{p}.long_low_reward_turns",
-           f"must be >= 0, got {self.long_low_reward_turns}")
-    _check(self.long_low_reward_mean >= 0, f"{p}.long_low_reward_mean",
-           f"must be >= 0, got {self.long_low_reward_mean}")
-    for k in ("suppression_factor", "long_low_reward_factor"):
-      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
-    _check(self.recalibration_min_samples >= 1, f"{p}.recalibration_min_samples",
-           f"must be >= 1, got {self.recalibration_min_samples}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,29 +90,29 @@ class SamplerConfig:
   prefix_cache: bool = True  # paged: reuse the keys of a cached prompt prefix (e.g. the episode's previous turn)
 
   def validate(self, p):
-    _check(self.decode_impl in ("paged", "slot", "maxtext"), f"{p}.decode_impl",
+    check(self.decode_impl in ("paged", "slot", "maxtext"), f"{p}.decode_impl",
            f"must be 'paged', 'slot' or 'maxtext', got {self.decode_impl!r}")
-    _check(self.block_size >= 1, f"{p}.block_size", f"must be >= 1, got {self.block_size}")
-    _check(self.prefill_chunk >= 1, f"{p}.prefill_chunk", f"must be >= 1, got {self.prefill_chunk}")
+    check(self.block_size >= 1, f"{p}.block_size", f"must be >= 1, got {self.block_size}")
+    check(self.prefill_chunk >= 1, f"{p}.prefill_chunk", f"must be >= 1, got {self.prefill_chunk}")
     per_seq = -(-self.max_cache_length // self.block_size)
-    _check(self.kv_blocks == 0 or self.kv_blocks >= per_seq, f"{p}.kv_blocks",
+    check(self.kv_blocks == 0 or self.kv_blocks >= per_seq, f"{p}.kv_blocks",
            f"must be 0 (auto) or >= {per_seq} (one sequence of max_cache_length={self.max_cache_length} "
            f"positions), got {self.kv_blocks}")
-    _check(self.decode_steps >= 1, f"{p}.decode_steps", f"must be >= 1, got {self.decode_steps}")
-    _check(self.attention_block >= 1, f"{p}.attention_block", f"must be >= 1, got {self.attention_block}")
-    _check(self.num_slots > 0, f"{p}.num_slots", f"must be > 0, got {self.num_slots}")
-    _check(self.max_prefill_length > 0, f"{p}.max_prefill_length", f"must be > 0, got {self.max_prefill_length}")
-    _check(self.prompt_overflow in ("reject", "error", "truncate_left"), f"{p}.prompt_overflow",
+    check(self.decode_steps >= 1, f"{p}.decode_steps", f"must be >= 1, got {self.decode_steps}")
+    check(self.attention_block >= 1, f"{p}.attention_block", f"must be >= 1, got {self.attention_block}")
+    check(self.num_slots > 0, f"{p}.num_slots", f"must be > 0, got {self.num_slots}")
+    check(self.max_prefill_length > 0, f"{p}.max_prefill_length", f"must be > 0, got {self.max_prefill_length}")
+    check(self.prompt_overflow in ("reject", "error", "truncate_left"), f"{p}.prompt_overflow",
            f"must be 'reject', 'error' or 'truncate_left', got {self.prompt_overflow!r}")
-    _check(self.num_devices > 0, f"{p}.num_devices", f"must be > 0, got {self.num_devices}")
-    _check(self.max_cache_length > self.max_prefill_length, f"{p}.max_cache_length",
+    check(self.num_devices > 0, f"{p}.num_devices", f"must be > 0, got {self.num_devices}")
+    check(self.max_cache_length > self.max_prefill_length, f"{p}.max_cache_length",
            f"must be > max_prefill_length ({self.max_prefill_length}): generated tokens need room")
-    _check(all(b > 0 for b in self.prefill_buckets), f"{p}.prefill_buckets", "must be positive")
-    _check(list(self.prefill_buckets) == sorted(self.prefill_buckets), f"{p}.prefill_buckets",
+    check(all(b > 0 for b in self.prefill_buckets), f"{p}.prefill_buckets", "must be positive")
+    check(list(self.prefill_buckets) == sorted(self.prefill_buckets), f"{p}.prefill_buckets",
            "must be increasing")
-    _check(all(b <= self.max_prefill_length for b in self.prefill_buckets), f"{p}.prefill_buckets",
+    check(all(b <= self.max_prefill_length for b in self.prefill_buckets), f"{p}.prefill_buckets",
            f"must not exceed max_prefill_length ({self.max_prefill_length})")
-    _check(self.swap_policy in ("finish_on_old", "mark"), f"{p}.swap_policy",
+    check(self.swap_policy in ("finish_on_old", "mark"), f"{p}.swap_policy",
            f"must be 'finish_on_old' or 'mark', got {self.swap_policy!r}")
 
 
@@ -363,31 +148,31 @@ class EnvConfig:
   disk_limit: str = "10G"  # what one container may write, unless the task sets environment.storage
 
   def validate(self, p):
-    _check(self.concurrency > 0, f"{p}.concurrency", f"must be > 0, got {self.concurrency}")
-    _check(self.endpoint_wait_s >= 0, f"{p}.endpoint_wait_s", f"must be >= 0, got {self.endpoint_wait_s}")
-    _check(self.max_tasks >= 0, f"{p}.max_tasks", f"must be >= 0 (0 = all), got {self.max_tasks}")
-    _check(isinstance(self.strict_tasks, bool), f"{p}.strict_tasks",
+    check(self.concurrency > 0, f"{p}.concurrency", f"must be > 0, got {self.concurrency}")
+    check(self.endpoint_wait_s >= 0, f"{p}.endpoint_wait_s", f"must be >= 0, got {self.endpoint_wait_s}")
+    check(self.max_tasks >= 0, f"{p}.max_tasks", f"must be >= 0 (0 = all), got {self.max_tasks}")
+    check(isinstance(self.strict_tasks, bool), f"{p}.strict_tasks",
            f"must be true or false, got {self.strict_tasks!r}")
-    _check(self.network in ("none", "host", "bridge"), f"{p}.network",
+    check(self.network in ("none", "host", "bridge"), f"{p}.network",
            f"must be none/host/bridge, got {self.network!r}")
-    _check(self.build_network in ("none", "host", "default"), f"{p}.build_network",
+    check(self.build_network in ("none", "host", "default"), f"{p}.build_network",
            f"must be none/host/default, got {self.build_network!r}")
-    _check(self.harness in ("json", "xml", "oracle"), f"{p}.harness",
+    check(self.harness in ("json", "xml", "oracle"), f"{p}.harness",
            f"must be json/xml/oracle, got {self.harness!r}")
-    _check(self.pids_limit > 0, f"{p}.pids_limit", f"must be > 0, got {self.pids_limit}")
-    _check(self.build_ca_bundle in ("", "none") or Path(self.build_ca_bundle).is_file(), f"{p}.build_ca_bundle",
+    check(self.pids_limit > 0, f"{p}.pids_limit", f"must be > 0, got {self.pids_limit}")
+    check(self.build_ca_bundle in ("", "none") or Path(self.build_ca_bundle).is_file(), f"{p}.build_ca_bundle",
            f"must be '', 'none' or an existing PEM file, got {self.build_ca_bundle!r}")
     try:
       from rsi_jax.units import parse_memory
       parse_memory(self.disk_limit)
     except ValueError:
-      _check(False, f"{p}.disk_limit", f"must be a size such as \"10G\", got {self.disk_limit!r}")
+      check(False, f"{p}.disk_limit", f"must be a size such as \"10G\", got {self.disk_limit!r}")
     for k, v in self.image_map.items():
-      _check(isinstance(v, str) and v != "", f"{p}.image_map.{k}", f"must map to an image name, got {v!r}")
+      check(isinstance(v, str) and v != "", f"{p}.image_map.{k}", f"must map to an image name, got {v!r}")
     for k in ("command_timeout_s", "agent_timeout_s", "verifier_timeout_s"):
-      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+      check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
     for k in ("output_cap_bytes", "max_turns", "summarize_threshold_tokens"):
-      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+      check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -412,17 +197,17 @@ class RSRConfig:
 
   def validate(self, p):
     known = ("json", "xml")
-    _check(len(self.harnesses) > 0 and all(h in known for h in self.harnesses)
+    check(len(self.harnesses) > 0 and all(h in known for h in self.harnesses)
            and len(set(self.harnesses)) == len(self.harnesses), f"{p}.harnesses",
            f"must list distinct harnesses of {list(known)}, got {list(self.harnesses)}")
     for k in ("discovery_attempts", "num_repeats", "runbook_max_tokens", "transcript_output_chars"):
-      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
-    _check(self.num_runbooks >= 0, f"{p}.num_runbooks", f"must be >= 0 (0: runbook stage off), got {self.num_runbooks}")
-    _check(self.max_tasks >= 0, f"{p}.max_tasks", f"must be >= 0 (0: every task), got {self.max_tasks}")
-    _check(all(isinstance(f, str) and f for f in self.families), f"{p}.families",
+      check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    check(self.num_runbooks >= 0, f"{p}.num_runbooks", f"must be >= 0 (0: runbook stage off), got {self.num_runbooks}")
+    check(self.max_tasks >= 0, f"{p}.max_tasks", f"must be >= 0 (0: every task), got {self.max_tasks}")
+    check(all(isinstance(f, str) and f for f in self.families), f"{p}.families",
            f"must list task families (names), got {list(self.families)}")
-    _check(self.target_harness in known, f"{p}.target_harness", f"must be json/xml, got {self.target_harness!r}")
-    _check(self.policy in ("actor", "scripted"), f"{p}.policy", f"must be actor/scripted, got {self.policy!r}")
+    check(self.target_harness in known, f"{p}.target_harness", f"must be json/xml, got {self.target_harness!r}")
+    check(self.policy in ("actor", "scripted"), f"{p}.policy", f"must be actor/scripted, got {self.policy!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -438,13 +223,13 @@ class EvalConfig:
   max_new_tokens: int = 8192
 
   def validate(self, p):
-    _check(self.repeats > 0, f"{p}.repeats", f"must be > 0, got {self.repeats}")
-    _check(self.max_tasks >= 0, f"{p}.max_tasks", f"must be >= 0 (0 = all), got {self.max_tasks}")
-    _check(self.infra_retries >= 0, f"{p}.infra_retries", f"must be >= 0, got {self.infra_retries}")
-    _check(self.harness in ("json", "xml", "oracle"), f"{p}.harness", f"must be json/xml/oracle, got {self.harness!r}")
-    _check(self.temperature >= 0, f"{p}.temperature", f"must be >= 0, got {self.temperature}")
-    _check(0 < self.top_p <= 1, f"{p}.top_p", f"must be in (0, 1], got {self.top_p}")
-    _check(self.max_new_tokens > 0, f"{p}.max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
+    check(self.repeats > 0, f"{p}.repeats", f"must be > 0, got {self.repeats}")
+    check(self.max_tasks >= 0, f"{p}.max_tasks", f"must be >= 0 (0 = all), got {self.max_tasks}")
+    check(self.infra_retries >= 0, f"{p}.infra_retries", f"must be >= 0, got {self.infra_retries}")
+    check(self.harness in ("json", "xml", "oracle"), f"{p}.harness", f"must be json/xml/oracle, got {self.harness!r}")
+    check(self.temperature >= 0, f"{p}.temperature", f"must be >= 0, got {self.temperature}")
+    check(0 < self.top_p <= 1, f"{p}.top_p", f"must be in (0, 1], got {self.top_p}")
+    check(self.max_new_tokens > 0, f"{p}.max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -475,27 +260,27 @@ class PipelineConfig:
   phase_overrides: dict = dataclasses.field(default_factory=dict)
 
   def validate(self, p):
-    _check(len(self.phases) > 0, f"{p}.phases", "must name at least one phase")
+    check(len(self.phases) > 0, f"{p}.phases", "must name at least one phase")
     check_location(self.checkpoint_dir, f"{p}.checkpoint_dir")
     for ph in self.phases:
-      _check(phase_kind(ph) is not None, f"{p}.phases",
+      check(phase_kind(ph) is not None, f"{p}.phases",
              f"unknown phase {ph!r} (known: rsr<N>, critic_seed, rpr<N>)")
-    _check(len(set(self.phases)) == len(self.phases), f"{p}.phases", f"a phase is listed twice: {list(self.phases)}")
+    check(len(set(self.phases)) == len(self.phases), f"{p}.phases", f"a phase is listed twice: {list(self.phases)}")
     for k in ("actor_from", "critic_from"):
       for ph, v in getattr(self, k).items():
-        _check(ph in self.phases, f"{p}.{k}.{ph}", f"not a phase of the plan {list(self.phases)}")
-        _check(isinstance(v, str) and v != "", f"{p}.{k}.{ph}",
+        check(ph in self.phases, f"{p}.{k}.{ph}", f"not a phase of the plan {list(self.phases)}")
+        check(isinstance(v, str) and v != "", f"{p}.{k}.{ph}",
                f"must be 'previous', 'init' or a checkpoint path, got {v!r}")
     for ph, v in self.phase_overrides.items():  # a run file's per-phase values: a narrower plan may leave some out
-      _check(phase_kind(ph) is not None, f"{p}.phase_overrides.{ph}",
+      check(phase_kind(ph) is not None, f"{p}.phase_overrides.{ph}",
              f"unknown phase {ph!r} (known: rsr<N>, critic_seed, rpr<N>)")
-      _check(isinstance(v, Mapping), f"{p}.phase_overrides.{ph}", f"must be a mapping of config sections, got {v!r}")
-    _check(self.rollout_steps > 0, f"{p}.rollout_steps", "must be > 0")
-    _check(0 <= self.critic_only_steps <= self.rollout_steps, f"{p}.critic_only_steps",
+      check(isinstance(v, Mapping), f"{p}.phase_overrides.{ph}", f"must be a mapping of config sections, got {v!r}")
+    check(self.rollout_steps > 0, f"{p}.rollout_steps", "must be > 0")
+    check(0 <= self.critic_only_steps <= self.rollout_steps, f"{p}.critic_only_steps",
            f"must be in [0, rollout_steps={self.rollout_steps}], got {self.critic_only_steps}")
     for k in ("critic_seed_epochs", "checkpoint_every", "keep_checkpoints", "eval_every", "sft_epochs"):
-      _check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
-    _check(self.micro_batch >= 0, f"{p}.micro_batch", f"must be >= 0, got {self.micro_batch}")
+      check(getattr(self, k) > 0, f"{p}.{k}", f"must be > 0, got {getattr(self, k)}")
+    check(self.micro_batch >= 0, f"{p}.micro_batch", f"must be >= 0, got {self.micro_batch}")
 
 
 PHASE_KINDS = {"rsr": r"rsr\d+", "critic_seed": r"critic_seed", "rpr": r"rpr\d+"}
@@ -540,29 +325,12 @@ class Config:
       getattr(self, f.name).validate(f.name)
     shards = self.mesh.batch_shards()
     if shards is not None:
-      _check(self.rollout.global_batch % shards == 0, "rollout.global_batch",
+      check(self.rollout.global_batch % shards == 0, "rollout.global_batch",
              f"must be divisible by the mesh's batch shards (data x fsdp = {shards}), "
              f"got {self.rollout.global_batch}")
 
   def to_dict(self) -> dict:
     return _to_plain(self)
-
-
-_STORES = ("gs", "s3", "gcs", "hdfs", "az", "abfs", "file")  # object-store schemes a location may use
-
-
-def check_location(value: str, key: str):
-  """A folder or an object-store URL; a URL with a typo in its scheme (``gs:/b``, ``gs//b``, ``gs:b``) is an
-  error rather than a local folder named ``gs:`` or ``gs`` in the current directory."""
-  m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)(:/*|//)", value)
-  if m and m.group(1).lower() in _STORES and not value.startswith(f"{m.group(1)}://"):
-    raise ConfigError(f"{key}: {value!r} looks like a {m.group(1)}:// URL with a typo (write "
-                      f"{m.group(1)}://bucket/path)")
-
-
-def _check(ok: bool, key: str, msg: str):
-  if not ok:
-    raise ConfigError(f"{key}: {msg}")
 
 
 def _to_plain(obj):

@@ -24,7 +24,8 @@ CLASS_SECTIONS: dict[str, set[str]] = {}
 for _name, _cls in SECTIONS.items():
   CLASS_SECTIONS.setdefault(_cls.__name__, set()).add(_name)
 CONFIG_NAME = re.compile(r"(^|_)(cfg|config)$|^c$")  # cfg, pcfg, self.cfg, spec.cfg, config, c = self.cfg
-CONFIG_MODULES = ("config.py", "config_schema.py", "config_loader.py")  # the schema reads its own keys
+CONFIG_MODULES = ("config.py", "config_checks.py", "config_learning.py", "config_schema.py",
+                  "config_loader.py")  # the schema reads its own keys
 
 
 def _sources() -> dict[str, ast.AST]:

@@ -18,8 +18,8 @@ ROOT = Path(os.environ.get("RSI_LAYERS_ROOT", Path(__file__).resolve().parents[1
 PACKAGE = "rsi_jax"
 
 LAYERS = (
-    ("base", ("rsi_jax", "rsi_jax.config", "rsi_jax.config_schema", "rsi_jax.config_loader", "rsi_jax.log",
-              "rsi_jax.stop", "rsi_jax.policy",
+    ("base", ("rsi_jax", "rsi_jax.config", "rsi_jax.config_checks", "rsi_jax.config_learning",
+              "rsi_jax.config_schema", "rsi_jax.config_loader", "rsi_jax.log", "rsi_jax.stop", "rsi_jax.policy",
               "rsi_jax.distributed", "rsi_jax.units", "rsi_jax.cli", "rsi_jax.jsonl")),  # import only each other
     ("rl", ("rsi_jax.rl",)),  # RL math, rewards, CTRF, outcome tables: numpy / JAX only
     ("models", ("rsi_jax.models",)),  # MaxText actor / critic, HF import, checkpoints, optimizer step

@@ -14,8 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # modules whose module-level imports must be core dependencies
-CORE = ("rsi_jax/__init__.py", "rsi_jax/config.py", "rsi_jax/config_schema.py", "rsi_jax/config_loader.py",
-        "rsi_jax/policy.py", "rsi_jax/rl/")
+CORE = ("rsi_jax/__init__.py", "rsi_jax/config.py", "rsi_jax/config_checks.py", "rsi_jax/config_learning.py",
+        "rsi_jax/config_schema.py", "rsi_jax/config_loader.py", "rsi_jax/policy.py", "rsi_jax/rl/")
 
 
 def _norm(name: str) -> str:
