@@ -37,10 +37,7 @@ def gather_objects(items: Sequence) -> list:
   process cannot pickle fail the call on every process (none is left waiting)."""
   if jax.process_count() == 1:
     return list(items)
-  try:
-    blob = pickle.dumps(("ok", list(items)), protocol=pickle.HIGHEST_PROTOCOL)
-  except Exception as e:  # noqa: BLE001 - reported on every process
-    blob = pickle.dumps(("error", f"{type(e).__name__}: {e}"))
+  blob = encode(items)
   out, errors = [], []
   for i, b in enumerate(_allgather_bytes(blob)):
     status, value = pickle.loads(b)
@@ -51,6 +48,15 @@ def gather_objects(items: Sequence) -> list:
   if errors:
     raise RuntimeError(f"gathering across processes failed: {'; '.join(errors)}")
   return out
+
+
+def encode(items: Sequence) -> bytes:
+  """The bytes one process sends for ``items`` in :func:`gather_objects` (an unpicklable item becomes the error
+  every process reports)."""
+  try:
+    return pickle.dumps(("ok", list(items)), protocol=pickle.HIGHEST_PROTOCOL)
+  except Exception as e:  # noqa: BLE001 - reported on every process
+    return pickle.dumps(("error", f"{type(e).__name__}: {e}"))
 
 
 def _allgather_bytes(blob: bytes) -> list[bytes]:

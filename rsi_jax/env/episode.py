@@ -103,6 +103,12 @@ class EpisodeResult:
   def success(self) -> int | None:
     return self.outcome.success
 
+  def for_exchange(self) -> "EpisodeResult":
+    """What a rollout step needs of this episode on other processes: its segments (the training samples), its
+    outcome and records, and its turns without their prompts' token ids (:meth:`Turn.without_prompt`). Its size
+    grows with the generated and observation tokens, not with turns x context as the prompts would."""
+    return dataclasses.replace(self, turns=[t.without_prompt() for t in self.turns])
+
   def transcript(self) -> list[dict]:
     """The agent's interaction as chat messages without harness-control content (malformed-action errors,
     summary requests and summaries are left out): [{"role": "assistant" | "tool", "content": str}, ...].
@@ -145,7 +151,7 @@ class EpisodeResult:
              turns_detail=[{"kind": t.kind, "segment": t.segment, "text": t.text, "command": t.command,
                             "done": t.done, "error": t.error, "observation": t.observation,
                             "exit_code": t.exit_code, "timed_out": t.timed_out, "finish_reason": t.finish_reason,
-                            "weight_version": t.weight_version, "prompt_len": int(len(t.prompt_ids)),
+                            "weight_version": t.weight_version, "prompt_len": int(t.prompt_len),
                             "sampled_len": int(len(t.sampled_ids))} for t in self.turns])
     return d
 

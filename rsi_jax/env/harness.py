@@ -67,6 +67,16 @@ class Turn:
   exit_code: int | None = None
   timed_out: bool = False
   duration_s: float = 0.0
+  prompt_len: int | None = None  # len(prompt_ids); kept when the ids are dropped (:meth:`without_prompt`)
+
+  def __post_init__(self):
+    if self.prompt_len is None:
+      self.prompt_len = int(len(self.prompt_ids))
+
+  def without_prompt(self) -> "Turn":
+    """This turn without its prompt's token ids (they repeat every earlier turn: O(turns x T) per episode),
+    its length kept. What leaves the process that ran the episode (the segments hold every trained token)."""
+    return dataclasses.replace(self, prompt_ids=np.zeros(0, np.int32))
 
 
 @dataclasses.dataclass

@@ -110,7 +110,7 @@ def episode_record(e, *, index: int | None = None, reward: float | None = None, 
         "version_changed": bool(t.version_changed), "command": t.command, "done": bool(t.done),
         "malformed": t.error or None, "output": t.observation, "exit_code": t.exit_code,
         "timed_out": bool(t.timed_out), "duration_s": round(float(t.duration_s), 4),
-        "prompt_tokens": int(len(t.prompt_ids)), "sampled_tokens": int(len(t.sampled_ids)),
+        "prompt_tokens": int(t.prompt_len), "sampled_tokens": int(len(t.sampled_ids)),
         "value": None if v is None else v[0], "advantage": None if v is None else v[1]})
   rec = {
       "format": FORMAT, "episode_id": e.episode_id, "index": index, "task": e.task, "family": e.family,

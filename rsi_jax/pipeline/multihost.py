@@ -7,11 +7,12 @@ How a run splits across processes (``jax.process_count()`` of them, one per TPU 
   a sampler on its own local devices (``sampler.num_devices`` of ``jax.local_devices()``). With oversampling
   each process keeps the first finished (or, ``rollout.deterministic``, the first by index) of its own block,
   so a deterministic run repeats exactly for the same process count.
-* **The learner batch is global.** The finished episodes are exchanged host to host (:func:`gather_objects`,
-  a few MB of token ids and records per step), so every process holds the same trajectory batch in process
-  order and computes the same packing plan; each process then places only the rows that live on its own
-  devices (:func:`global_array`). The update is one SPMD program over the learner mesh, which spans every
-  process.
+* **The learner batch is global.** The finished episodes are exchanged host to host (:func:`gather_objects`
+  of :meth:`~rsi_jax.env.episode.EpisodeResult.for_exchange`: each episode's segments, outcome and records,
+  not its turns' prompt ids, so linear in its generated and observation tokens), so every process holds the
+  same trajectory batch in process order and computes the same packing plan; each process then places only
+  the rows that live on its own devices (:func:`global_array`). The update is one SPMD program over the
+  learner mesh, which spans every process.
 * **Weight sync goes from the learner mesh to each sampler** (:func:`to_local`): a parameter sharded across
   processes is gathered leaf by leaf into a replica on each process's devices (one leaf at a time, so the
   peak is one whole leaf), then copied onto the sampler's local mesh.

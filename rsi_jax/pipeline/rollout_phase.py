@@ -275,7 +275,10 @@ class RolloutPhase(Phase):
       stopped = None
     except StopRequested as e:  # gather_or_stop raises it again once every process is there
       eps, aborted, started, t_roll, stopped = [], 0, 0, 0.0, e.args[0]
-    eps, aborted = multihost.gather_or_stop(eps, stopped), sum(multihost.gather_objects([aborted]))
+    # what travels: samples, outcomes and records, not the turns' prompts (EpisodeResult.for_exchange); the
+    # single-process path takes the same form, so a laptop run trains on exactly what a pod run exchanges
+    eps = multihost.gather_or_stop([e.for_exchange() for e in eps], stopped)
+    aborted = sum(multihost.gather_objects([aborted]))
     state = dataclasses.replace(state, cursor=state.cursor + started)
     if self.cfg.rollout.max_staleness > 0 and i + 1 < self.num_steps:
       self._ahead = (i + 1, *self._start(state, i + 1))
@@ -320,8 +323,8 @@ class CriticSeedPhase(RolloutPhase):
 
   def describe(self):
     return (f"{self.num_steps} critic-only rollout step(s) ({self.cfg.pipeline.critic_seed_epochs} epoch(s) "
-            f"over {len(self.ctx.tasks_for(self.cfg))} tasks), actor frozen, reward {self.cfg.reward.kind} (divisor table "
-            f"{self.table.digest}), critic LR {self.cfg.critic_optim.learning_rate:g}")
+            f"over {len(self.ctx.tasks_for(self.cfg))} tasks), actor frozen, reward {self.cfg.reward.kind} "
+            f"(divisor table {self.table.digest}), critic LR {self.cfg.critic_optim.learning_rate:g}")
 
 
 class RPRPhase(RolloutPhase):
