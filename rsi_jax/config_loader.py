@@ -276,8 +276,9 @@ def _coerce(value, typ, key):
         pass
     raise ConfigError(f"{key}: expected a number, got {value!r}")
   if typ is str:
-    if raw is not None:
-      return raw
+    if raw is not None:  # the text as typed, unless quoted as a YAML string (name='' is empty, not two quotes)
+      quoted = len(raw.strip()) >= 2 and raw.strip()[0] == raw.strip()[-1] and raw.strip()[0] in "'\""
+      return value if quoted and isinstance(value, str) else raw
     if isinstance(value, str):
       return value
     raise ConfigError(f"{key}: expected a string, got {value!r}")

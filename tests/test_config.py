@@ -72,6 +72,14 @@ def test_overrides_types_and_raw_strings():
   assert cfg.reward.hygiene_patterns == ("^lint", "^fmt") and cfg.sampler.prefill_buckets == (16, 32)
 
 
+def test_a_quoted_string_override_is_the_string_inside_the_quotes():
+  cfg = load_config(SMOKE, ["eval.tasks_dir=''", 'run.name="007"', "run.output_dir= 'a b' "])
+  assert cfg.eval.tasks_dir == "" and cfg.run.name == "007" and cfg.run.output_dir == "a b"
+  assert load_config(SMOKE, ["eval.tasks_dir="]).eval.tasks_dir == ""
+  assert load_config(SMOKE, ["run.name='it''s'"]).run.name == "it's"  # YAML's quoting rules
+  assert load_config(SMOKE, ["run.name=a'b'"]).run.name == "a'b'"  # quotes inside the text are kept
+
+
 def test_config_is_immutable():
   cfg = load_config(SMOKE)
   with pytest.raises(dataclasses.FrozenInstanceError):
