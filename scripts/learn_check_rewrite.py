@@ -1,0 +1,113 @@
+"""The learning check's rewrite comparison: RSR-1 with the runbook stage on (the actor plans runbooks, the review
+gate filters them, fresh executions under them, projection, SFT) beside the run's own RSR-1 with it off
+(verified self-imitation), both started from the run's Base checkpoint on the same tasks and seed.
+
+Usage: .venv/bin/python scripts/learn_check_rewrite.py RUN_DIR [--num-runbooks N] [key=value ...]
+       .venv/bin/python scripts/learn_check_rewrite.py --compare SELF_IMITATION_RUN REWRITE_RUN
+
+Runs RSR-1 from RUN_DIR's Base (``rsr0``) checkpoint with RUN_DIR's config, RSR-1's phase overrides, the
+actor writing ``N`` runbooks per discovered episode (default 2) and the command line's ``key=value``
+overrides, in the run ``<name>_rewrite``; its in-training evaluation measures the starting weights (``base``,
+step 0: Base again, which must equal RUN_DIR's Base row) and the end of the phase. Then prints, for both
+variants, the funnel's counts per stage, the review gate's rejections by reason, the turns per accepted
+trajectory and held-out Mean@R / pass@R, and writes ``<name>_rewrite/rewrite_comparison.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from rsi_jax.env.transcripts import read_transcripts
+from rsi_jax.pipeline.metrics import read_jsonl
+
+STAGES = ("attempted", "discovered", "planned", "reviewed", "review_rejected", "executed", "verified",
+          "leak_screened", "accepted")
+
+
+def variant(run: Path, phase: str) -> dict:
+  """One variant's funnel counts, turns per accepted trajectory and held-out result."""
+  folder = run / "phases" / phase
+  manifest = json.loads((folder / "rsr_manifest.json").read_text())
+  accepted = {r["episode_id"] for r in read_jsonl(folder / "q_clean.jsonl")}
+  turns = [len(r["turns"]) for f in sorted((folder / "episodes").glob("*.jsonl.gz")) for r in read_transcripts(f)
+           if r["episode_id"] in accepted]
+  steps = sorted((run / "eval" / phase).glob("*/summary.json"), key=lambda p: int(p.parent.name))
+  held = json.loads(steps[-1].read_text()) if steps else None
+  return {"run": str(run), "policy": manifest["policy"], "num_runbooks": manifest["settings"]["num_runbooks"],
+          "stages": {k: manifest["stages"].get(k, 0) for k in STAGES},
+          "rejected": manifest["stages"].get("rejected", {}), "empty_reason": manifest["empty_reason"],
+          "turns_per_accepted": statistics.fmean(turns) if turns else None, "accepted_with_turns": len(turns),
+          "mean_at_r": held["mean_at_r"] if held else None, "pass_at_r": held["pass_at_r"] if held else None,
+          "runs": held["runs"] if held else None}
+
+
+def run_rewrite(run: Path, num_runbooks: int, overrides: list[str]) -> tuple[int, Path]:
+  """RSR-1 with the runbook stage on, from ``run``'s Base checkpoint, in ``<run>_rewrite``."""
+  import yaml
+
+  from rsi_jax.train import run_program
+  base = run / "checkpoints" / "rsr0"
+  if not base.is_dir():
+    raise FileNotFoundError(f"no Base (rsr0) checkpoint in {run} (run scripts/learn_check.sh first)")
+  cfg = yaml.safe_load((run / "config.yml").read_text())  # the run's config, RSR-1's phase overrides only
+  pipe = cfg.setdefault("pipeline", {})
+  pipe["phase_overrides"] = {k: v for k, v in (pipe.get("phase_overrides") or {}).items() if k == "rsr1"}
+  name = f"{run.name}_rewrite"
+  (run.parent / name).mkdir(parents=True, exist_ok=True)
+  config = run.parent / name / "rewrite_config.yml"
+  config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+  rc = run_program(str(config), [f"run.name={name}", f"run.output_dir={run.parent}", "pipeline.phases=[rsr1]",
+                                 f"pipeline.actor_from={{rsr1: {base}}}", "rsr.policy=actor",
+                                 f"rsr.num_runbooks={num_runbooks}", *overrides])
+  return rc, run.parent / name
+
+
+def main(argv=None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  phase = "rsr1"
+  try:
+    if argv[:1] == ["--compare"] and len(argv) == 3:
+      self_run, rewrite_run = Path(argv[1]), Path(argv[2])
+    elif argv and not argv[0].startswith("-"):
+      n, rest = 2, argv[1:]
+      if rest[:1] == ["--num-runbooks"] and len(rest) > 1 and rest[1].isdigit():
+        n, rest = int(rest[1]), rest[2:]
+      self_run = Path(argv[0]).resolve()
+      rc, rewrite_run = run_rewrite(self_run, n, rest)
+      if rc != 0:
+        return rc
+      sys.path.insert(0, str(Path(__file__).parent))
+      import learn_check_table
+      learn_check_table.main([str(rewrite_run), "--start-label", "Base (the run's rsr0 checkpoint)"])
+    else:
+      print(__doc__, file=sys.stderr)
+      return 2
+    rows = {"self-imitation": variant(self_run, phase), "rewrite": variant(rewrite_run, phase)}
+  except FileNotFoundError as e:
+    print(f"learn_check_rewrite: {e}", file=sys.stderr)
+    return 2
+  fmt = lambda x, f="{:.1f}": "n/a" if x is None else f.format(x)  # noqa: E731
+  print(f"\nRSR-1 funnel ({phase}): runbook stage off (self-imitation) vs on (rewrite)")
+  print(f"{'':<28}{'self-imitation':>16}{'rewrite':>12}")
+  for k in STAGES:
+    print(f"{k:<28}{rows['self-imitation']['stages'][k]:>16}{rows['rewrite']['stages'][k]:>12}")
+  for reason in sorted(set(rows["self-imitation"]["rejected"]) | set(rows["rewrite"]["rejected"])):
+    print(f"{'  rejected: ' + reason:<28}{rows['self-imitation']['rejected'].get(reason, 0):>16}"
+          f"{rows['rewrite']['rejected'].get(reason, 0):>12}")
+  print(f"{'turns per accepted':<28}{fmt(rows['self-imitation']['turns_per_accepted'], '{:.2f}'):>16}"
+        f"{fmt(rows['rewrite']['turns_per_accepted'], '{:.2f}'):>12}")
+  r = rows["rewrite"]["runs"] or rows["self-imitation"]["runs"]
+  for key, label in (("mean_at_r", f"held-out Mean@{r}"), ("pass_at_r", f"held-out pass@{r}")):
+    print(f"{label:<28}{fmt(rows['self-imitation'][key]):>16}{fmt(rows['rewrite'][key]):>12}")
+  for name, row in rows.items():
+    if row["empty_reason"]:
+      print(f"{name}: {row['empty_reason']}")
+  (rewrite_run / "rewrite_comparison.json").write_text(json.dumps(rows, indent=1) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
