@@ -23,6 +23,10 @@ from pathlib import Path
 from rsi_jax.env.transcripts import read_transcripts
 from rsi_jax.pipeline.metrics import read_jsonl
 
+sys.path.insert(0, str(Path(__file__).parent))
+import learn_check_rpr  # noqa: E402
+import learn_check_table  # noqa: E402
+
 STAGES = ("attempted", "discovered", "planned", "reviewed", "review_rejected", "executed", "verified",
           "leak_screened", "accepted")
 
@@ -46,22 +50,12 @@ def variant(run: Path, phase: str) -> dict:
 
 def run_rewrite(run: Path, num_runbooks: int, overrides: list[str]) -> tuple[int, Path]:
   """RSR-1 with the runbook stage on, from ``run``'s Base checkpoint, in ``<run>_rewrite``."""
-  import yaml
-
-  from rsi_jax.train import run_program
   base = run / "checkpoints" / "rsr0"
   if not base.is_dir():
     raise FileNotFoundError(f"no Base (rsr0) checkpoint in {run} (run scripts/learn_check.sh first)")
-  cfg = yaml.safe_load((run / "config.yml").read_text())  # the run's config, RSR-1's phase overrides only
-  pipe = cfg.setdefault("pipeline", {})
-  pipe["phase_overrides"] = {k: v for k, v in (pipe.get("phase_overrides") or {}).items() if k == "rsr1"}
   name = f"{run.name}_rewrite"
-  (run.parent / name).mkdir(parents=True, exist_ok=True)
-  config = run.parent / name / "rewrite_config.yml"
-  config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-  rc = run_program(str(config), [f"run.name={name}", f"run.output_dir={run.parent}", "pipeline.phases=[rsr1]",
-                                 f"pipeline.actor_from={{rsr1: {base}}}", "rsr.policy=actor",
-                                 f"rsr.num_runbooks={num_runbooks}", *overrides])
+  rc = learn_check_rpr.rerun(run, "rsr1", name, [f"pipeline.actor_from={{rsr1: {base}}}", "rsr.policy=actor",
+                                                 f"rsr.num_runbooks={num_runbooks}", *overrides])
   return rc, run.parent / name
 
 
@@ -79,8 +73,6 @@ def main(argv=None) -> int:
       rc, rewrite_run = run_rewrite(self_run, n, rest)
       if rc != 0:
         return rc
-      sys.path.insert(0, str(Path(__file__).parent))
-      import learn_check_table
       learn_check_table.main([str(rewrite_run), "--start-label", "Base (the run's rsr0 checkpoint)"])
     else:
       print(__doc__, file=sys.stderr)

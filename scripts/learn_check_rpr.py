@@ -17,6 +17,23 @@ import sys
 from pathlib import Path
 
 
+def rerun(run: Path, phase: str, name: str, overrides: list) -> int:
+  """``phase`` of the learning-check run ``run`` again, alone, in the run ``name`` beside it: ``run``'s config
+  with that phase's overrides only (``<name>/<phase>_config.yml``), then ``overrides``. The exit status of
+  ``rsi_jax.train``."""
+  import yaml
+
+  from rsi_jax.train import run_program
+  cfg = yaml.safe_load((run / "config.yml").read_text())
+  pipe = cfg.setdefault("pipeline", {})
+  pipe["phase_overrides"] = {k: v for k, v in (pipe.get("phase_overrides") or {}).items() if k == phase}
+  (run.parent / name).mkdir(parents=True, exist_ok=True)
+  config = run.parent / name / f"{phase}_config.yml"
+  config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+  return run_program(str(config), [f"run.name={name}", f"run.output_dir={run.parent}", f"pipeline.phases=[{phase}]",
+                                   *overrides])
+
+
 def main(argv):
   flip = "--flip-advantages" in argv
   argv = [a for a in argv if a != "--flip-advantages"]
@@ -39,21 +56,12 @@ def main(argv):
       return res._replace(advantages=-res.advantages)
 
     rpr.linked_tb_gae = flipped
-  import yaml
-
-  from rsi_jax.train import run_program
-  cfg = yaml.safe_load((run / "config.yml").read_text())  # the run's config, RPR-1's phase overrides only
-  pipe = cfg.setdefault("pipeline", {})
-  pipe["phase_overrides"] = {k: v for k, v in (pipe.get("phase_overrides") or {}).items() if k == "rpr1"}
   name = f"{run.name}_{'flipped' if flip else 'rpr'}"
-  (run.parent / name).mkdir(parents=True, exist_ok=True)
-  config = run.parent / name / "rpr_config.yml"
-  config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-  overrides = [f"run.name={name}", f"run.output_dir={run.parent}", "pipeline.phases=[rpr1]",
-               f"pipeline.actor_from={{rpr1: {seed_ckpt}}}", f"pipeline.critic_from={{rpr1: {seed_ckpt}}}",
-               # the divisor table the critic was seeded with (what the run's RPR-1 carried)
-               f"reward.divisor_table={run / 'phases' / 'critic_seed' / 'divisor_table.json'}", *argv[1:]]
-  rc = run_program(str(config), overrides)
+  rc = rerun(run, "rpr1", name, [f"pipeline.actor_from={{rpr1: {seed_ckpt}}}",
+                                 f"pipeline.critic_from={{rpr1: {seed_ckpt}}}",
+                                 # the divisor table the critic was seeded with (what the run's RPR-1 carried)
+                                 f"reward.divisor_table={run / 'phases' / 'critic_seed' / 'divisor_table.json'}",
+                                 *argv[1:]])
   if rc == 0:
     sys.path.insert(0, str(Path(__file__).parent))
     import learn_check_table
