@@ -189,6 +189,10 @@ class RSRConfig:
   target_harness: str = "json"  # H0: fresh execution and the stored SFT trajectories
   policy: str = "actor"  # actor | scripted (a test double that knows the reference solutions: smoke runs, tests)
   judge: bool = False  # also ask the actor to review runbooks the rules accept (it can only reject)
+  # the accepted runbooks are SFT samples too (planning prompt -> runbook): a warm start's demonstrations of the
+  # runbook format, standing in for what a pre-trained base knows; only with policy scripted (the actor's own
+  # runbooks are never its training data: RSR trains on the projected executions, §2.1)
+  plan_demonstrations: bool = False
   plan_template: str = "configs/rsr/plan.md"  # I_plan
   exec_template: str = "configs/rsr/exec.md"  # I_exec
   judge_template: str = "configs/rsr/judge.md"
@@ -208,6 +212,9 @@ class RSRConfig:
            f"must list task families (names), got {list(self.families)}")
     check(self.target_harness in known, f"{p}.target_harness", f"must be json/xml, got {self.target_harness!r}")
     check(self.policy in ("actor", "scripted"), f"{p}.policy", f"must be actor/scripted, got {self.policy!r}")
+    check(not self.plan_demonstrations or (self.policy == "scripted" and self.num_runbooks > 0),
+          f"{p}.plan_demonstrations", "needs policy scripted and num_runbooks > 0 (demonstrations of the runbook "
+          f"format come from the scripted planner), got policy {self.policy!r}, num_runbooks {self.num_runbooks}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -173,11 +173,15 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
       sampling, temperature=0.0, max_new_tokens=64)) if judge_t is not None else None
   plans = [(d, k) for d in range(len(discovered)) for k in range(r.num_runbooks)]
 
-  def plan(d: int, k: int):
+  def plan_prompt(d: int) -> list[int]:
     t, h, res = discovered[d]
     prompt = plan_t.render(instruction=t.instruction.strip(),
                            transcript=strip_control(res.messages(), h, r.transcript_output_chars).strip())
-    ids = [int(i) for i in renderer.render([{"role": "user", "content": prompt}], add_generation_prompt=True).ids]
+    return [int(i) for i in renderer.render([{"role": "user", "content": prompt}], add_generation_prompt=True).ids]
+
+  def plan(d: int, k: int):
+    t, h, _ = discovered[d]
+    ids = plan_prompt(d)
     comp = policy_for(("plan", t.name, h, d, k)).generate(ids, plan_sampling)
     if comp.finish_reason == FINISH_REJECTED:
       return "planning_prompt_too_long", None
@@ -188,7 +192,7 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
   with cf.ThreadPoolExecutor(max(1, min(16, len(plans) or 1)), thread_name_prefix="rsr-plan") as ex:
     texts = wait_all([start("planning", i, lambda p=p: ex.submit(plan, *p), list, tuple)
                       for i, p in enumerate(plans)], stop, aborts)
-  runbooks, accepted_runbooks = [], []
+  runbooks, accepted_runbooks, plans_kept = [], [], []
   for (d, k), (failed, text) in zip(plans, texts):
     t, h, res = discovered[d]
     if text is None:
@@ -205,6 +209,10 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
     if v.accepted:
       counts.add("reviewed", t.family, h)
       accepted_runbooks.append((len(runbooks), t, h, text))
+      if r.plan_demonstrations:  # the warm start's demonstration of the runbook format (rsr.policy scripted)
+        plans_kept.append((planning_sample(plan_prompt(d), text, renderer),
+                           {"task": t.name, "family": t.family, "harness": h, "runbook": len(runbooks), "repeat": 0,
+                            "episode_id": None, "kind": "planning"}))
     runbooks.append({"task": t.name, "harness": h, "discovery": res.episode_id, "k": k, "runbook": text,
                      "accepted": v.accepted, "reasons": list(v.reasons), "details": list(v.details)})
   log(f"planning: {len(accepted_runbooks)} of {len(plans)} runbooks passed review")
@@ -251,9 +259,24 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
           counts.add(f"rejected:screen:{reason}", t.family, h)
     executions.append(row)
   log(f"execution: {len(records)} accepted of {len(ex_jobs)} runs")
+  for sample, rec in plans_kept:  # after the executions: Q_clean's trajectories keep their indices
+    episodes.append([dataclasses.replace(sample, episode=len(episodes))])
+    records.append(rec)
+  if plans_kept:
+    log(f"planning demonstrations: {len(plans_kept)} accepted runbooks are SFT samples too")
 
   return _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episodes, records, runbooks,
                  executions, outcomes, progress)
+
+
+def planning_sample(prompt_ids: Sequence[int], runbook: str, renderer) -> Sample:
+  """A planning call as an SFT sample: the planning prompt (through the generation prompt), then the runbook
+  and ``<|im_end|>`` as the generated tokens (the runbook's text encoded as plain text, as a reply is)."""
+  reply = renderer.tok.encode_text(runbook) + [renderer.tok.im_end_id]
+  n, m = len(prompt_ids), len(reply)
+  gen = np.r_[np.zeros(n, bool), np.ones(m, bool)]
+  return Sample(np.asarray([*prompt_ids, *reply], np.int32), gen, np.zeros(n + m, np.float32),
+                np.where(gen, 0, -1).astype(np.int32), 0, np.where(gen, 0, -1).astype(np.int32))
 
 
 def _keep_stage(workdir, cfg, stage: str, items):
@@ -314,6 +337,8 @@ def _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episode
       "by_family": {k: counts.table(v) for k, v in sorted(counts.family.items())},
       "by_harness": {k: counts.table(v) for k, v in sorted(counts.harness.items())},
       "empty_reason": None if records else _empty_reason(counts.total, self_imitation=r.num_runbooks == 0),
+      # rsr.plan_demonstrations: accepted runbooks kept as SFT samples beside the accepted trajectories
+      "plan_demonstrations": sum(rec.get("kind") == "planning" for rec in records),
   }
   if progress is not None:  # what an interrupted attempt had finished, and what recording it cost
     manifest["progress"] = {"restored": progress.restored, "record_seconds": round(progress.seconds, 3),

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from rsi_jax.config import CONFIG_DIR, REPO_ROOT, load_config
+from rsi_jax.config import CONFIG_DIR, REPO_ROOT, ConfigError, load_config
 from rsi_jax.env import EnvPool, make_harness
 from rsi_jax.env.tasks import load_tasks
 from rsi_jax.policy import SamplingParams
@@ -115,6 +115,43 @@ def test_funnel_end_to_end_counts_what_happened(pool, tasks, tokenizer, renderer
       text = tokenizer.decode(s.ids.tolist())
       assert GUIDANCE_MARK not in text and "## Steps" not in text and "## Goal" not in text
       assert not s.gen_mask[:50].any() and s.gen_mask.sum() > 0
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_plan_demonstrations_keep_each_accepted_runbook_as_a_planning_sample(pool, tasks, tokenizer, renderer,
+                                                                            tmp_path):
+  """rsr.plan_demonstrations (a warm start with the scripted planner): each runbook that passed review is also an
+  SFT sample -- the planning prompt, then exactly the runbook's text and <|im_end|> as the generated tokens --
+  after the accepted trajectories, which are unchanged; a leaking runbook (rejected) is not one."""
+  cfg = load_config(CONFIG_DIR / "smoke.yml", ["rsr.num_runbooks=1", "rsr.num_repeats=1", "rsr.harnesses=[json]",
+                                               "rsr.plan_demonstrations=true"])
+  policy = LeakyScriptedPolicy(tokenizer, tasks, leaky_plan=NAMES[1], leaky_exec="")
+  res = run_funnel(cfg, tasks, pool, renderer, lambda tag: policy, label=LABEL, workdir=str(tmp_path))
+  st, m = res.manifest["stages"], res.manifest
+  assert st["reviewed"] == 2 and st["accepted"] == 2 and m["plan_demonstrations"] == 2
+  assert len(res.episodes) == len(res.records) == 4
+  assert [r.get("kind") for r in res.records] == [None, None, "planning", "planning"]
+  runbooks = [json.loads(x) for x in (tmp_path / "runbooks.jsonl").read_text().splitlines()]
+  for rec, eps in zip(res.records[2:], res.episodes[2:]):
+    (sample,) = eps
+    assert sample.episode == res.records.index(rec)
+    rb = runbooks[rec["runbook"]]
+    assert rb["accepted"] and rb["task"] == rec["task"] != NAMES[1]
+    gen = sample.ids[sample.gen_mask]
+    assert gen.tolist() == tokenizer.encode_text(rb["runbook"]) + [tokenizer.im_end_id]
+    prompt = tokenizer.decode(sample.ids[~sample.gen_mask].tolist())
+    assert "You write runbooks" in prompt and prompt.endswith(tokenizer.decode(renderer.generation_prompt()))
+    assert not sample.gen_mask[:len(sample.ids) - len(gen)].any()
+  assert [json.loads(x).get("kind") for x in (tmp_path / "q_clean.jsonl").read_text().splitlines()][2:] == \
+      ["planning", "planning"]
+
+
+def test_plan_demonstrations_need_the_scripted_planner():
+  with pytest.raises(ConfigError, match="rsr.plan_demonstrations: needs policy scripted"):
+    load_config(CONFIG_DIR / "smoke.yml", ["rsr.plan_demonstrations=true", "rsr.policy=actor"])
+  with pytest.raises(ConfigError, match="num_runbooks 0"):
+    load_config(CONFIG_DIR / "smoke.yml", ["rsr.plan_demonstrations=true", "rsr.num_runbooks=0"])
 
 
 @pytest.mark.docker

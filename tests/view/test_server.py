@@ -79,3 +79,27 @@ def test_usage_errors_are_one_line_and_exit_2(argv, says, capsys):
     main(argv)
   err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
   assert e.value.code == 2 and len(err) == 1 and says in err[0]
+
+
+def test_the_funnel_page_lists_planning_demonstrations_apart_from_accepted_trajectories(tmp_path):
+  """rsr.plan_demonstrations' Q_clean records (kind planning, no episode) are shown as the runbooks kept as SFT
+  samples, not as accepted trajectories."""
+  rd = tmp_path / "run"
+  f = rd / "phases" / "rsr0"
+  f.mkdir(parents=True)
+  (rd / "config.yml").write_text("pipeline:\n  phases: [rsr0]\n")
+  (f / "runbooks.jsonl").write_text(json.dumps({"task": "t1", "harness": "json", "discovery": "d1", "k": 0,
+                                                "runbook": "## Goal\nx", "accepted": True, "reasons": []}) + "\n")
+  (f / "q_clean.jsonl").write_text(
+      json.dumps({"task": "t1", "runbook": 0, "repeat": 0, "harness": "json", "episode_id": "ex1"}) + "\n"
+      + json.dumps({"task": "t1", "runbook": 0, "repeat": 0, "harness": "json", "episode_id": None,
+                    "kind": "planning"}) + "\n")
+  srv = make_server(rd, port=0)
+  threading.Thread(target=srv.serve_forever, daemon=True).start()
+  try:
+    status, body = _get(f"http://127.0.0.1:{srv.server_address[1]}/rsr?phase=rsr0")
+  finally:
+    srv.shutdown()
+    srv.server_close()
+  assert status == 200, body
+  assert "planning demonstrations: 1" in body and "accepted trajectories: 1" in body and "ex1" in body
