@@ -7,8 +7,10 @@ swaps; with a :class:`~rsi_jax.sampler.paged.PagedEngine` it hands the KV bookke
 * :meth:`~PagedScheduler.admit`: a request is admitted when a slot is free *and* the KV pool can reserve the
   blocks of its prompt plus ``max_new_tokens`` beyond its longest cached prefix (otherwise it waits in the
   queue); blocks are then taken from the reservation as the sequence grows.
-* :meth:`~PagedScheduler.prefill_step`: one prompt chunk per loop turn, oldest admission first, between decode
-  calls, starting after the cached prefix; the last chunk samples the first token and starts decoding.
+* :meth:`~PagedScheduler.prefill_step`: prompt chunks between decode calls, oldest admission first, starting
+  after the cached prefix, at most one chunk per request and one chunk's worth of tokens per loop turn (so
+  several short prompts start decoding together); the last chunk samples the first token and starts
+  decoding.
 * :meth:`~PagedScheduler.decode_tables`: blocks for every position the next decode call writes, and the
   (device) block tables.
 * :meth:`~PagedScheduler.release`: a request's blocks go back to the pool (a finished one first registers its
@@ -116,13 +118,32 @@ class PagedScheduler:
       self.pool.register(b, h)
 
   def prefill_step(self, params, state):
-    """One prefill chunk of the oldest request still prefilling. Returns the new decode state and the
-    first-token records ``(slot, request, token, logprob)`` of a request whose prompt it completed."""
-    while self.prefilling and self.prefilling[0][1].done:  # cancelled while prefilling
-      self.prefilling.popleft()
-    if not self.prefilling:
-      return state, []
-    slot, req = self.prefilling[0]
+    """Prefill chunks of the requests still prefilling, oldest admission first, at most one chunk per request
+    and together at most ``prefill_chunk`` (compiled) tokens, so one loop turn computes no more than one full
+    chunk: a long prompt advances one chunk per turn between decode calls, while short prompts admitted
+    together (a burst of requests, or new turns whose prefix is cached) all start decoding at the next call
+    instead of one call apart. Returns the new decode state and the first-token records
+    ``(slot, request, token, logprob)`` of the requests whose prompts it completed."""
+    budget, records, waiting = self.engine.chunk_size, [], collections.deque()
+    for slot, req in self.prefilling:
+      if req.done:  # cancelled while prefilling
+        continue
+      cost = self.engine.chunk_bucket(min(int(req.prompt.size) - req.kv.cursor, self.engine.chunk_size))
+      if cost > budget and budget < self.engine.chunk_size:  # (a turn computes at least one chunk)
+        budget = 0  # this turn is full: the rest wait, in admission order
+        waiting.append((slot, req))
+        continue
+      budget -= cost
+      state, rec = self._chunk(params, state, slot, req)
+      if rec is None:  # a non-final chunk is a whole chunk: it fills the turn
+        waiting.append((slot, req))
+      else:
+        records.append(rec)
+    self.prefilling = waiting
+    return state, records
+
+  def _chunk(self, params, state, slot: int, req):
+    """The request's next prompt chunk; its first-token record if the chunk ends the prompt, else None."""
     kv, sp, n = req.kv, req.params, int(req.prompt.size)
     start = kv.cursor
     end = min(n, start + self.engine.chunk_size)
@@ -135,12 +156,11 @@ class PagedScheduler:
     self.stats.prefill_chunks += 1
     self.stats.prefill_tokens += end - start
     if not last:
-      return state, []
-    self.prefilling.popleft()
+      return state, None
     self.stats.prefills += 1
     self._register(req, req.prompt, n)
     kv.decoding, kv.decode_pos = True, n
-    return state, [(slot, req, res.token, res.logprob)]
+    return state, (slot, req, res.token, res.logprob)
 
   def decode_tables(self, snapshot):
     """Blocks for every position the next decode call writes (``snapshot``: the decoding request per slot,

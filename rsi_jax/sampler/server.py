@@ -104,8 +104,9 @@ class SamplerServer:
 
   With a :class:`~rsi_jax.sampler.paged.PagedEngine` a request is admitted when a slot is free *and* the KV
   pool can reserve the blocks of its prompt plus ``max_new_tokens`` (otherwise it waits in the queue); its
-  prompt is prefilled in chunks, one chunk per loop turn between decode calls, starting after the longest
-  cached prefix (:class:`~rsi_jax.sampler.paged_scheduler.PagedScheduler`).
+  prompt is prefilled in chunks between decode calls, starting after the longest cached prefix, at most one
+  chunk per request and one chunk's worth of tokens per loop turn
+  (:class:`~rsi_jax.sampler.paged_scheduler.PagedScheduler`).
   """
 
   def __init__(self, engine: Engine, params, *, tokenizer=None, eos_token_ids: Sequence[int] | None = None,

@@ -95,3 +95,41 @@ def test_admission_refused_when_the_pool_cannot_reserve(cfg):
   sched.release(0, first, finished=False)
   sched.prefilling.clear()
   assert sched.admit(1, second) and sched.pool.reserved == 7
+
+
+def test_a_turn_prefills_several_short_prompts_up_to_one_chunk_of_tokens(cfg, actor_params):
+  """32-token chunks: prompts of 5, 9 and 14 tokens (16-token chunks each) admitted together take two turns
+  (two fit one chunk's budget, the third waits); a 40-token prompt (chunks of 32 and 8) ahead of a short one
+  fills its first turn alone, then its last chunk and the short prompt share the next. Each first token
+  equals the one the request gets prefilled alone."""
+  engine = engine_with(cfg, decode_impl="paged", block_size=BLOCK, prefill_chunk=32)
+  params = engine.load_params(actor_params)
+  rng = np.random.default_rng(2)
+  prompts = [rng.integers(0, VOCAB, n) for n in (5, 9, 14, 40, 6)]
+
+  def run(groups):
+    """Admit each group at once and prefill it to the end: (prompt indices completed per turn, first token per
+    prompt index, stats)."""
+    stats = ServerStats()
+    sched = PagedScheduler(engine, prefix_cache=False, decode_steps=1, version=0, stats=stats)
+    state, turns, first = engine.init_decode_state(), [], {}
+    for group in groups:
+      admitted = {}
+      for slot, i in enumerate(group):
+        r = req(prompts[i], max_new_tokens=2)
+        assert sched.admit(slot, r)
+        admitted[id(r)] = (slot, r, i)
+      while sched.prefilling:
+        state, rec = sched.prefill_step(params, state)
+        turns.append(sorted(admitted[id(r)][2] for _, r, _, _ in rec))
+        first.update({admitted[id(r)][2]: int(jax.device_get(tok)[0]) for _, r, tok, _ in rec})
+      for slot, r, _ in admitted.values():
+        sched.release(slot, r, finished=False)
+    sched.pool.check_idle()
+    return turns, first, stats
+
+  turns, first, stats = run([[0, 1, 2], [3, 4]])
+  assert turns == [[0, 1], [2], [], [3, 4]]
+  assert stats.prefill_chunks == 6 and stats.prefills == 5
+  _, alone, _ = run([[i] for i in range(5)])
+  assert first == alone
