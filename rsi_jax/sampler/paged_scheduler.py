@@ -11,8 +11,8 @@ swaps; with a :class:`~rsi_jax.sampler.paged.PagedEngine` it hands the KV bookke
   after the cached prefix, at most one chunk per request and one chunk's worth of tokens per loop turn (so
   several short prompts start decoding together); the last chunk samples the first token and starts
   decoding.
-* :meth:`~PagedScheduler.decode_tables`: blocks for every position the next decode call writes, and the
-  (device) block tables.
+* :meth:`~PagedScheduler.decode_tables`: blocks for every position the next decode call writes, the (device)
+  block tables and how many blocks each slot reads (``read_blocks``).
 * :meth:`~PagedScheduler.release`: a request's blocks go back to the pool (a finished one first registers its
   full blocks in the prefix cache); :meth:`~PagedScheduler.swap` forgets the cache when the weights change.
 """
@@ -56,6 +56,7 @@ class PagedScheduler:
     self.pool = BlockPool(engine.kv_blocks, engine.block_size, prefix_cache)
     self.tables = np.full((engine.num_slots, engine.table_width), engine.kv_blocks, np.int32)
     self._tables_dev = None  # device copy of tables, None when stale
+    self.read_blocks = np.zeros(engine.num_slots, np.int64)  # per slot, blocks the last decode call reads
     self.prefilling: collections.deque = collections.deque()  # (slot, request) in admission order
 
   def _root(self) -> bytes:
@@ -164,14 +165,18 @@ class PagedScheduler:
 
   def decode_tables(self, snapshot):
     """Blocks for every position the next decode call writes (``snapshot``: the decoding request per slot,
-    else None), then the (device) block tables."""
+    else None), then the (device) block tables. Also sets :attr:`read_blocks`, the blocks each slot's rows
+    read in that call (the engine chooses its attention path by them)."""
+    bs = self.engine.block_size
+    self.read_blocks = np.zeros(self.engine.num_slots, np.int64)
     for slot, req in enumerate(snapshot):
       if req is not None:
         kv = req.kv
         self._grow(slot, kv, kv.decode_pos + self.decode_steps)
         self.stats.kv_live_positions += kv.decode_pos
-        self.stats.kv_held_positions += len(kv.blocks) * self.engine.block_size
+        self.stats.kv_held_positions += len(kv.blocks) * bs
         kv.decode_pos += self.decode_steps
+        self.read_blocks[slot] = -(-kv.decode_pos // bs)
     if self._tables_dev is None:
       self._tables_dev = jax.device_put(self.tables)
     return self._tables_dev

@@ -310,8 +310,9 @@ class SamplerServer:
                     for r in self._slots]
         if any(r is not None for r in snapshot):
           if self._paged is not None:
+            tables = self._paged.decode_tables(snapshot)
             self._state, result = self.engine.generate_steps(self._params, self._state, self.decode_steps,
-                                                             self._paged.decode_tables(snapshot))
+                                                             tables, self._paged.read_blocks)
           else:
             self._state, result = self.engine.generate_steps(self._params, self._state, self.decode_steps)
           self.stats.decode_steps += self.decode_steps

@@ -8,7 +8,7 @@ import pytest
 
 from rsi_jax import policy as P
 from rsi_jax.config import ConfigError, load_config
-from rsi_jax.sampler.paged import BlockPool, block_hashes, paged_attention
+from rsi_jax.sampler.paged import BlockPool, block_hashes, gathered_attention, paged_attention
 from rsi_jax.sampler.server import SamplerServer
 from tests.sampler.conftest import BLOCK, CHUNK, VOCAB, engine_with
 from tests.sampler.test_engine import TOL, reference_logprobs
@@ -57,6 +57,79 @@ def test_paged_attention_matches_a_dense_loop(work):
   np.testing.assert_allclose(np.asarray(got), dense_attention(q, kp, vp, 1, positions, tables, n_blocks),
                              atol=2e-6, rtol=0)
   assert not np.asarray(got)[0].any()  # a sequence with no block reads nothing
+
+
+@pytest.mark.parametrize("n_read", [5, 6])
+def test_gathered_attention_matches_a_dense_loop_and_the_split_k_path(n_read):
+  """The gathered path on the same layout as above (sequences of 0, 1, 5 and 3 blocks, unused table entries
+  out of range), gathering each sequence's first 5 blocks or one more: equal to the float64 loop and to
+  :func:`paged_attention`; a sequence with no block reads nothing."""
+  rng = np.random.default_rng(0)
+  s, nq, n_kv, g, d, n_pool, bs, width, layers = 4, 3, 2, 2, 8, 20, 4, 6, 2
+  kp = rng.normal(size=(layers, n_pool, bs, n_kv, d)).astype(np.float32)
+  vp = rng.normal(size=(layers, n_pool, bs, n_kv, d)).astype(np.float32)
+  q = rng.normal(size=(s, nq, n_kv, g, d)).astype(np.float32)
+  n_blocks = np.array([0, 1, 5, 3], np.int32)
+  tables = np.full((s, width), n_pool, np.int32)
+  perm = rng.permutation(n_pool)
+  used = 0
+  for i, n in enumerate(n_blocks):
+    tables[i, :n] = perm[used:used + n]
+    used += n
+  positions = np.stack([np.sort(rng.integers(0, max(n, 1) * bs, nq)) for n in n_blocks]).astype(np.int32)
+  positions[:, -1] = np.maximum(n_blocks * bs - 1, 0)
+  args = (jnp.asarray(q), jnp.asarray(kp), jnp.asarray(vp), 1, jnp.asarray(positions), jnp.asarray(tables),
+          jnp.asarray(n_blocks))
+  got = np.asarray(gathered_attention(*args, n_read, jnp.float32))
+  np.testing.assert_allclose(got, dense_attention(q, kp, vp, 1, positions, tables, n_blocks), atol=2e-6, rtol=0)
+  np.testing.assert_allclose(got, np.asarray(paged_attention(*args, 3, jnp.float32)), atol=2e-6, rtol=0)
+  assert not got[0].any()
+
+
+def test_attention_plan_gathers_when_it_reads_at_most_3x_the_blocks_in_use(engine_paged):
+  """4 slots, tables of 7 blocks: the gathered path's width is the largest count rounded up to a power of
+  two (at most 7); it is chosen unless it would read over 3x the blocks in use or over gather_positions."""
+  e = engine_paged
+  assert (e.num_slots, e.table_width) == (4, 7)
+  assert e.attention_plan([1, 2, 3, 0]) == 4  # 16 blocks read for 6 in use
+  assert e.attention_plan([1, 1, 1, 1]) == 1
+  assert e.attention_plan([5, 5, 4, 0]) == 7  # rounded to 8, capped at the table
+  assert e.attention_plan([7, 1, 0, 0]) == 0  # 28 for 8: the split-K loop
+  assert e.attention_plan(None) == 7  # any position of the table
+  limit = e.gather_positions
+  try:
+    e.gather_positions = 4 * 4 * BLOCK - 1
+    assert e.attention_plan([1, 2, 3, 0]) == 0 and e.attention_plan([2, 2, 2, 2]) == 2
+  finally:
+    e.gather_positions = limit
+
+
+def test_gathered_and_split_k_decode_give_the_same_tokens(engine_paged, actor_params):
+  """Four requests of 3..29 prompt tokens decoded to the end of their blocks, once on the gathered path
+  (the plan for these short tables) and once on the split-K loop (gathering switched off): the same tokens
+  and logprobs within float32 rounding."""
+  engine = engine_paged
+  params = engine.load_params(actor_params)
+  rng = np.random.default_rng(1)
+  prompts = [rng.integers(0, VOCAB, n).tolist() for n in (3, 8, 13, 29)]
+  tables = np.arange(engine.num_slots * engine.table_width, dtype=np.int32).reshape(engine.num_slots, -1)
+  runs = []
+  limit = engine.gather_positions
+  for gather in (True, False):
+    engine.gather_positions = limit if gather else 0
+    try:
+      assert bool(engine.attention_plan(None)) == gather
+      state = engine.init_decode_state()
+      for i, p in enumerate(prompts):
+        state, _ = engine.prefill_prompt(params, state, p, tables[i], i, jax.random.key(i))
+      state, res = engine.generate_steps(params, state, engine.max_cache_length - 30, tables)
+      runs.append(jax.device_get((res.tokens, res.logprobs)))
+    finally:
+      engine.gather_positions = limit
+  (tok_g, lp_g), (tok_s, lp_s) = runs
+  np.testing.assert_array_equal(tok_g, tok_s)
+  np.testing.assert_allclose(lp_g, lp_s, atol=2e-6, rtol=0)
+  assert np.mean(lp_g) < -1.0
 
 
 def test_chunked_prefill_matches_maxtext_prefill_then_decode_matches_the_actor(engine_paged, actor,
