@@ -266,7 +266,9 @@ def sampler_lowerings(cfg, devices) -> tuple[dict, dict]:
     prefill = (engine._chunk_jit, (params, state, sds((engine.chunk_size,), i32), sds((), i32), sds((), i32),
                                    sds((width,), i32), sds((), i32), sds((), key_t), sds((), f32), sds((), i32),
                                    sds((), f32), sds((), jnp.bool_)))
-    decode = (engine._paged_steps_jit, (params, state, sds((engine.num_slots, width), i32), steps))
+    # the attention path of a call that may read any position of the table (the plan for read_blocks None)
+    decode = (engine._paged_steps_jit, (params, state, sds((engine.num_slots, width), i32), steps,
+                                        engine.attention_plan(None)))
     extra = {}
   else:
     one = lambda dt: sds((1,), dt)
