@@ -33,10 +33,10 @@ def dense_attention(q, kp, vp, layer, positions, tables, n_blocks):
   return out
 
 
-@pytest.mark.parametrize("work", [1, 3, 16])
-def test_paged_attention_matches_a_dense_loop(work):
-  """Sequences of 0, 1, 5 and 3 blocks scattered over the pool, several query rows each (causal within a
-  prefill chunk); any number of (sequence, block) pairs per iteration gives the same result."""
+def _scattered_layout():
+  """Sequences of 0, 1, 5 and 3 blocks scattered over a pool of 20 (unused table entries out of range), 3
+  query rows each ending inside the last block (decode) or earlier (a chunk's first rows): (q, k pool, v pool,
+  positions, tables, n_blocks)."""
   rng = np.random.default_rng(0)
   s, nq, n_kv, g, d, n_pool, bs, width, layers = 4, 3, 2, 2, 8, 20, 4, 6, 2
   kp = rng.normal(size=(layers, n_pool, bs, n_kv, d)).astype(np.float32)
@@ -49,9 +49,16 @@ def test_paged_attention_matches_a_dense_loop(work):
   for i, n in enumerate(n_blocks):
     tables[i, :n] = perm[used:used + n]
     used += n
-  # rows end inside the last block (decode) or earlier (a chunk's first rows)
   positions = np.stack([np.sort(rng.integers(0, max(n, 1) * bs, nq)) for n in n_blocks]).astype(np.int32)
   positions[:, -1] = np.maximum(n_blocks * bs - 1, 0)
+  return q, kp, vp, positions, tables, n_blocks
+
+
+@pytest.mark.parametrize("work", [1, 3, 16])
+def test_paged_attention_matches_a_dense_loop(work):
+  """Sequences of 0, 1, 5 and 3 blocks scattered over the pool, several query rows each (causal within a
+  prefill chunk); any number of (sequence, block) pairs per iteration gives the same result."""
+  q, kp, vp, positions, tables, n_blocks = _scattered_layout()
   got = paged_attention(jnp.asarray(q), jnp.asarray(kp), jnp.asarray(vp), 1, jnp.asarray(positions),
                         jnp.asarray(tables), jnp.asarray(n_blocks), work, jnp.float32)
   np.testing.assert_allclose(np.asarray(got), dense_attention(q, kp, vp, 1, positions, tables, n_blocks),
@@ -64,20 +71,7 @@ def test_gathered_attention_matches_a_dense_loop_and_the_split_k_path(n_read):
   """The gathered path on the same layout as above (sequences of 0, 1, 5 and 3 blocks, unused table entries
   out of range), gathering each sequence's first 5 blocks or one more: equal to the float64 loop and to
   :func:`paged_attention`; a sequence with no block reads nothing."""
-  rng = np.random.default_rng(0)
-  s, nq, n_kv, g, d, n_pool, bs, width, layers = 4, 3, 2, 2, 8, 20, 4, 6, 2
-  kp = rng.normal(size=(layers, n_pool, bs, n_kv, d)).astype(np.float32)
-  vp = rng.normal(size=(layers, n_pool, bs, n_kv, d)).astype(np.float32)
-  q = rng.normal(size=(s, nq, n_kv, g, d)).astype(np.float32)
-  n_blocks = np.array([0, 1, 5, 3], np.int32)
-  tables = np.full((s, width), n_pool, np.int32)
-  perm = rng.permutation(n_pool)
-  used = 0
-  for i, n in enumerate(n_blocks):
-    tables[i, :n] = perm[used:used + n]
-    used += n
-  positions = np.stack([np.sort(rng.integers(0, max(n, 1) * bs, nq)) for n in n_blocks]).astype(np.int32)
-  positions[:, -1] = np.maximum(n_blocks * bs - 1, 0)
+  q, kp, vp, positions, tables, n_blocks = _scattered_layout()
   args = (jnp.asarray(q), jnp.asarray(kp), jnp.asarray(vp), 1, jnp.asarray(positions), jnp.asarray(tables),
           jnp.asarray(n_blocks))
   got = np.asarray(gathered_attention(*args, n_read, jnp.float32))
