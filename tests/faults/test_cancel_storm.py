@@ -33,7 +33,8 @@ from tests.sampler.conftest import actor, actor_params, cfg, engine_paged  # noq
 from tests.sampler.test_server import CharTokenizer, prompt
 
 STORM_S = 10.0  # seconds of submitting (at least)
-STORM_MAX_S = 60.0  # at most, on a slow machine, until the storm has the size the test asserts
+STORM_MAX_S = 180.0  # at most, on a slow machine, until the storm has the size the test asserts (a loaded
+# 2-core CI machine once finished only 122 requests in 60 s, against 13,290 cancelled)
 DECODE_STEPS = 4  # sampler.decode_steps in configs/base.yml
 SUBMITTERS = 4
 OUTSTANDING = 6  # requests each submitter keeps in flight
