@@ -13,6 +13,13 @@ Both sides run one jitted optimizer step per iteration on the same (B, T) batch 
 Prints step times, tokens/s, the ratio ours / MaxText, and MFU (MaxText's FLOP count per step over the peak
 given by --peak_tflops, default: 989 for H100/H200 dense bf16, only printed on GPU).
 
+Measured (2026-12-04, ``scripts/gpu_check.sh``):
+
+* one H200, jax 0.11.2 + CUDA 13, qwen3-1.7b, batch 4 x seq 8,192, bf16, cudnn_flash_jax attention, remat full
+  (``--ppo --steps 3 --batch 4 --seq 8192 model_name=qwen3-1.7b model.attention=cudnn_flash_jax``): MaxText
+  991 ms/step, 33,058 tok/s, MFU 43.9%; ours (bf16 LM head) 1,121 ms (ratio 0.88, MFU 38.8%); RPR's joint PPO +
+  value step 1,918 ms, 17,081 tok/s, MFU 45.4% (actor and critic FLOPs both counted).
+
 Measured (2026-11-29):
 
 * one H200, jax 0.11.2 + CUDA 13, qwen3-0.6b, batch 1 x seq 8,192, bf16 activations, remat full,

@@ -217,8 +217,9 @@ def decode_throughput(args, impl):
   roof = ""
   if args.hbm_gbps:  # a decode step must read every weight once and every live position's K and V
     weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(model_params(params)))
-    n_layers, _, _, n_kv, head_dim = engine._slot_shape
-    per_pos = 2 * n_layers * n_kv * head_dim * engine._dtype.itemsize
+    mt = engine.config  # the same numbers for every decode (MaxText's engine keeps no slot-cache shape)
+    per_pos = (2 * int(mt.num_decoder_layers) * int(mt.num_kv_heads) * int(mt.head_dim)
+               * jnp.dtype(mt.dtype).itemsize)
     live = np.mean([len(p) for p in prompts(args)]) + per_call + steps / 2  # mean position while timed
     floor_s = (weights + args.decode_batch * live * per_pos) / (args.hbm_gbps * 1e9)
     roof = f", {floor_s / (dt / steps):.1%} of the HBM roofline ({floor_s * 1e3:.2f} ms/step)"

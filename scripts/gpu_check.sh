@@ -9,12 +9,13 @@
 # That machine has its own python3 with JAX + CUDA but no maxtext; the wheels maxtext needs travel in .whl/
 # (made with `pip download --no-deps` for cp312 manylinux; see scripts/gpu_wheels.sh). Results go to $OUT.
 # Knobs: ACTOR_MODEL (qwen3-1.7b), MODEL (sampler: qwen3-0.6b), SEQ (8192), BATCH (4), ATTN (cudnn_flash_jax),
-# DECODE_BATCH (64), STEPS (5).
+# DECODE_BATCH (64), STEPS (3), and the
+# timeouts ACTOR_TIMEOUT (200), SAMPLER_TIMEOUT (200), EPISODES_TIMEOUT (180): the whole run fits one 10-minute call.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/gpu_check_out}; mkdir -p "$OUT"
 MODEL=${MODEL:-qwen3-0.6b}; ACTOR_MODEL=${ACTOR_MODEL:-qwen3-1.7b}; SEQ=${SEQ:-8192}; BATCH=${BATCH:-4}; ATTN=${ATTN:-cudnn_flash_jax}
-DECODE_BATCH=${DECODE_BATCH:-64}; STEPS=${STEPS:-5}; PY=${PY:-python3}
+DECODE_BATCH=${DECODE_BATCH:-64}; STEPS=${STEPS:-3}; PY=${PY:-python3}
 site=${SITE:-/tmp/site}
 if ls .whl/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl || exit 1
@@ -31,10 +32,15 @@ export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 XLA_PYTHON_CL
   2>&1 | tee "$OUT/env.txt"
 
 echo "== actor train step + joint PPO step: $ACTOR_MODEL batch $BATCH x seq $SEQ, attention $ATTN" | tee "$OUT/bench_actor.txt"
-timeout ${ACTOR_TIMEOUT:-300} $PY benchmarks/bench_actor.py --ppo --steps "$STEPS" --batch "$BATCH" --seq "$SEQ" \
+timeout ${ACTOR_TIMEOUT:-200} $PY benchmarks/bench_actor.py --ppo --steps "$STEPS" --batch "$BATCH" --seq "$SEQ" \
   model_name="$ACTOR_MODEL" model.attention="$ATTN" model.remat_policy=${REMAT:-full} 2>&1 | tee -a "$OUT/bench_actor.txt" \
   | grep -vE "^(W|I)[0-9]{4}" | tail -n 30
+# The sampler in two runs, the roofline figures first: raw decode (slot, paged, MaxText) and part 1's continuous
+# batching, then part 3's multi-turn episodes without the slot engine's re-prefill (over 4 minutes there).
 echo "== sampler: $MODEL, decode batch $DECODE_BATCH" | tee "$OUT/bench_sampler.txt"
-timeout ${SAMPLER_TIMEOUT:-420} $PY benchmarks/bench_sampler.py --model "$MODEL" --decode-batch "$DECODE_BATCH" \
-  --hbm-gbps "${HBM_GBPS:-4800}" --episodes 8 --turns 20 --repeats 1 --skip single,naive \
+timeout ${SAMPLER_TIMEOUT:-200} $PY benchmarks/bench_sampler.py --model "$MODEL" --decode-batch "$DECODE_BATCH" \
+  --hbm-gbps "${HBM_GBPS:-4800}" --repeats 1 --skip single,naive \
   2>&1 | tee -a "$OUT/bench_sampler.txt" | grep -vE "^(W|I)[0-9]{4}" | tail -n 30
+echo "== sampler: $MODEL, 8 episodes x 20 turns" | tee -a "$OUT/bench_sampler.txt"
+timeout ${EPISODES_TIMEOUT:-180} $PY benchmarks/bench_sampler.py --model "$MODEL" --episodes 8 --turns 20 \
+  --skip single,naive,part1,slot 2>&1 | tee -a "$OUT/bench_sampler.txt" | grep -vE "^(W|I)[0-9]{4}" | tail -n 30

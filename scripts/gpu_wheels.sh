@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 py=$(bash scripts/setup.sh | tail -n 1)
 pkgs=(maxtext flax aqtp qwix pathwaysutils omegaconf antlr4-python3-runtime tokamax drjax grain portpicker
-      array-record fastapi starlette opentelemetry-api uvicorn immutabledict fire termcolor einshape)
+      array-record fastapi starlette pydantic pydantic-core annotated-types typing-inspection opentelemetry-api uvicorn immutabledict fire termcolor einshape)
 pins=()
 for p in "${pkgs[@]}"; do
   v=$(grep -iE "^${p//-/[-_.]}==" requirements.lock | head -n 1 || true)
