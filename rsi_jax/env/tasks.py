@@ -17,13 +17,13 @@ Terminal-Bench 1 layout (``task.yaml`` marks it)::
     <task>/run-tests.sh, tests/      copied together to /tests after the agent (TEST_DIR=/tests)
     <task>/solution.sh               reference solution
 
-Base images and the ``FROM`` lines of a task's Dockerfile are read by :mod:`rsi_jax.env.dockerfiles`.
+Base images and the ``FROM`` lines of a task's Dockerfile are read by :mod:`rsi_jax.env.dockerfiles`; the folder's
+tree (names, kinds of entry, symbolic links) is checked by :mod:`rsi_jax.env.task_tree`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
 import fnmatch
 import hashlib
 import logging
@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from rsi_jax.env.dockerfiles import dockerfile_images, dockerfile_layout
+from rsi_jax.env.task_tree import is_utf8, show_name, tree_problems
 from rsi_jax.units import parse_memory
 
 log = logging.getLogger(__name__)
@@ -130,10 +131,10 @@ def load_task(path: str | Path, images: Callable[[str], str | None] | None = Non
   with a link that leaves it is not read any further."""
   path = Path(path)
   if not path.is_dir():
-    raise TaskError(f"{_show(str(path))}: not a task folder", "not a task folder")
+    raise TaskError(f"{show_name(str(path))}: not a task folder", "not a task folder")
   path = path.resolve()
-  errors = [f"folder name is not UTF-8: {_show(path.name)}"] if not _utf8(path.name) else []
-  links = _tree_problems(path, errors)
+  errors = [f"folder name is not UTF-8: {show_name(path.name)}"] if not is_utf8(path.name) else []
+  links = tree_problems(path, errors)
   if links:
     _raise(path, errors)
   if (path / "task.toml").is_file():
@@ -180,12 +181,12 @@ def load_suite(tasks_dir: str | Path, names: list[str] | tuple[str, ...] | None 
       if not name or name in (".", "..") or "/" in name or os.sep in name:
         raise TaskError(f"{root}: {name!r} is not the name of a folder in it", "not a folder name of the suite")
       if not (root / name).is_dir():
-        raise TaskError(f"{root / _show(name)}: no such task folder in {root}", f"no such task folder in {root}")
+        raise TaskError(f"{root / show_name(name)}: no such task folder in {root}", f"no such task folder in {root}")
       suite.tasks.append(load_task(root / name, images))
     except TaskError as e:
       if strict:
         raise
-      suite.refused.append(Refusal(_show(name), e.reason))
+      suite.refused.append(Refusal(show_name(name), e.reason))
   return suite
 
 
@@ -198,7 +199,7 @@ def load_tasks(tasks_dir: str | Path, names: list[str] | tuple[str, ...] | None 
 def _raise(path: Path, errors: list[str]):
   """The refusal of the folder ``path``: every reason, paths inside it given relative to it."""
   reason = " ".join("; ".join(e.replace(f"{path}/", "") for e in errors).split())  # one line
-  raise TaskError(f"{_show(str(path))}: {reason}", reason)
+  raise TaskError(f"{show_name(str(path))}: {reason}", reason)
 
 
 class _Checks:
@@ -214,69 +215,6 @@ class _Checks:
     except TaskError as e:
       self.errors.append(str(e))
       return default
-
-
-def _utf8(name: str) -> bool:
-  try:
-    name.encode("utf-8")
-    return True
-  except UnicodeEncodeError:
-    return False
-
-
-def _show(name: str) -> str:
-  """A file name for a message: bytes that are not UTF-8 as ``\\xNN``."""
-  return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-def _inside(p: str, root: str) -> bool:
-  return p == root or p.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def _tree_problems(root: Path, errors: list[str]) -> bool:
-  """Append what makes the folder unsafe or unreadable to ``errors``: names that are not UTF-8, entries that are
-  not regular files, folders or links, and links that leave ``root`` or lead nowhere. True when a link leaves
-  it (the folder is then not read further)."""
-  base, escapes = str(root), False
-  for dirpath, dirnames, filenames in os.walk(base):  # links are listed, never followed
-    for name in sorted(dirnames + filenames):
-      p = os.path.join(dirpath, name)
-      rel = _show(os.path.relpath(p, base))
-      if not _utf8(name):
-        errors.append(f"file name is not UTF-8: {rel}")
-      if os.path.islink(p):
-        why = _link_problem(p, base, rel)
-        if why:
-          errors.append(why)
-          escapes = escapes or "leaves the task folder" in why
-      elif not (os.path.isfile(p) or os.path.isdir(p)):
-        errors.append(f"{rel} is not a regular file, a folder or a link")
-  return escapes
-
-
-def _link_problem(link: str, root: str, rel: str) -> str | None:
-  """Why the symbolic link ``link`` cannot be used (None: it resolves inside ``root``). Each link of a chain is
-  followed by its own text and must stay inside, and so must the path the kernel resolves."""
-  target, cur = _show(os.readlink(link)), link
-  for _ in range(40):
-    hop = os.readlink(cur)
-    nxt = os.path.normpath(os.path.join(os.path.dirname(cur), hop))
-    if not _inside(nxt, root):
-      via = "" if cur == link else f" (through {_show(os.path.relpath(cur, root))} -> {_show(hop)})"
-      return f"symlink {rel} -> {target} leaves the task folder{via}"
-    if not os.path.islink(nxt):
-      break
-    cur = nxt
-  else:
-    return f"symlink {rel} -> {target} is a loop of links"
-  try:
-    real = os.path.realpath(link, strict=True)
-  except OSError as e:
-    what = "a loop of links" if e.errno == errno.ELOOP else "dangling (its target does not exist)"
-    return f"symlink {rel} -> {target} is {what}"
-  if not _inside(real, root):
-    return f"symlink {rel} -> {target} leaves the task folder (resolves to {_show(real)})"
-  return None
 
 
 def _parse_toml(f: Path) -> dict:
