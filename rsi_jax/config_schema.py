@@ -189,9 +189,10 @@ class RSRConfig:
   target_harness: str = "json"  # H0: fresh execution and the stored SFT trajectories
   policy: str = "actor"  # actor | scripted (a test double that knows the reference solutions: smoke runs, tests)
   judge: bool = False  # also ask the actor to review runbooks the rules accept (it can only reject)
-  # the accepted runbooks are SFT samples too (planning prompt -> runbook): a warm start's demonstrations of the
-  # runbook format, standing in for what a pre-trained base knows; only with policy scripted (the actor's own
-  # runbooks are never its training data: RSR trains on the projected executions, §2.1)
+  # the accepted runbooks are SFT samples too (planning prompt -> runbook), and so is each accepted execution as it
+  # ran, under its private guidance (besides its projection): a warm start's demonstrations of writing and of
+  # following a runbook, standing in for what a pre-trained base knows; only with policy scripted (the actor's
+  # own runbooks and guided runs are never its training data: RSR trains on the projected executions, §2.1)
   plan_demonstrations: bool = False
   plan_template: str = "configs/rsr/plan.md"  # I_plan
   exec_template: str = "configs/rsr/exec.md"  # I_exec

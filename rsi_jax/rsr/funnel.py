@@ -227,7 +227,7 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
       run = lambda t=t, harness=harness: pool.submit(t, harness, abort=abort)  # noqa: E731
       ex_jobs.append((rb_id, t, h, m, harness,
                       start("execution", len(ex_jobs), run, episode_to_json, episode_from_json)))
-  episodes, records, executions = [], [], []
+  episodes, records, executions, guided_kept = [], [], [], []
   results = wait_all([j[-1] for j in ex_jobs], stop, aborts)
   _keep_stage(workdir, cfg, "execution", [(t, res, {"runbook": rb_id, "repeat": m, "discovery_harness": h})
                                           for (rb_id, t, h, m, _, _), res in zip(ex_jobs, results)])
@@ -254,6 +254,9 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
           records.append({"task": t.name, "family": t.family, "harness": h, "runbook": rb_id, "repeat": m,
                           "episode_id": res.episode_id})
           counts.add("accepted", t.family, h)
+          if r.plan_demonstrations:  # the warm start's demonstration of following a runbook: guided, unprojected
+            guided_kept.append((res.segments, {"task": t.name, "family": t.family, "harness": h, "runbook": rb_id,
+                                               "repeat": m, "episode_id": res.episode_id, "kind": "guided"}))
       else:
         for reason in screen.reasons:
           counts.add(f"rejected:screen:{reason}", t.family, h)
@@ -262,8 +265,12 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
   for sample, rec in plans_kept:  # after the executions: Q_clean's trajectories keep their indices
     episodes.append([dataclasses.replace(sample, episode=len(episodes))])
     records.append(rec)
+  for segments, rec in guided_kept:
+    episodes.append(episode_samples(segments, len(episodes)))
+    records.append(rec)
   if plans_kept:
-    log(f"planning demonstrations: {len(plans_kept)} accepted runbooks are SFT samples too")
+    log(f"planning demonstrations: {len(plans_kept)} accepted runbooks are SFT samples too, and "
+        f"{len(guided_kept)} accepted executions as run under their guidance")
 
   return _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episodes, records, runbooks,
                  executions, outcomes, progress)
@@ -337,8 +344,10 @@ def _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episode
       "by_family": {k: counts.table(v) for k, v in sorted(counts.family.items())},
       "by_harness": {k: counts.table(v) for k, v in sorted(counts.harness.items())},
       "empty_reason": None if records else _empty_reason(counts.total, self_imitation=r.num_runbooks == 0),
-      # rsr.plan_demonstrations: accepted runbooks kept as SFT samples beside the accepted trajectories
+      # rsr.plan_demonstrations: accepted runbooks, and accepted executions with their private guidance, kept as
+      # SFT samples beside the (projected) accepted trajectories
       "plan_demonstrations": sum(rec.get("kind") == "planning" for rec in records),
+      "guided_demonstrations": sum(rec.get("kind") == "guided" for rec in records),
   }
   if progress is not None:  # what an interrupted attempt had finished, and what recording it cost
     manifest["progress"] = {"restored": progress.restored, "record_seconds": round(progress.seconds, 3),

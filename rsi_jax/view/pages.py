@@ -358,11 +358,15 @@ def rsr_page(run: RunFolder, phase: str) -> str:
                    " ".join(f"<a href='/episode?{q(src=exec_src, i=i)}'>{_success(x.get('success'))} "
                             f"{e(x['episode_id'])}</a>" for i, x in ex)])
     body += table(["#", "from harness", "discovery episode", "runbook", "review", "reasons", "fresh executions"], rows)
-    acc = [a for a in accepted if a.get("task") == task and a.get("kind") != "planning"]
+    acc = [a for a in accepted if a.get("task") == task and a.get("kind") not in ("planning", "guided")]
     demos = [a for a in accepted if a.get("task") == task and a.get("kind") == "planning"]
+    guided = [a for a in accepted if a.get("task") == task and a.get("kind") == "guided"]
     if demos:  # rsr.plan_demonstrations: accepted runbooks kept as SFT samples
       body += (f"<h3>planning demonstrations: {len(demos)}</h3><p>runbook(s) "
                f"{', '.join(_fmt(a.get('runbook')) for a in demos)} kept as SFT samples</p>")
+    if guided:  # ... and accepted executions as they ran under their guidance
+      body += (f"<h3>guided demonstrations: {len(guided)}</h3><p>execution(s) "
+               f"{', '.join(e(a.get('episode_id', '')) for a in guided)} kept with their guidance as SFT samples</p>")
     body += f"<h3>accepted trajectories: {len(acc)}</h3>"
     if acc:
       body += table(["episode", "runbook", "repeat", "harness"], [

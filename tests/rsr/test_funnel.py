@@ -119,21 +119,34 @@ def test_funnel_end_to_end_counts_what_happened(pool, tasks, tokenizer, renderer
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_plan_demonstrations_keep_each_accepted_runbook_as_a_planning_sample(pool, tasks, tokenizer, renderer,
-                                                                            tmp_path):
+def test_plan_demonstrations_keep_each_accepted_runbook_and_its_guided_run_as_samples(pool, tasks, tokenizer,
+                                                                                     renderer, tmp_path):
   """rsr.plan_demonstrations (a warm start with the scripted planner): each runbook that passed review is also an
   SFT sample -- the planning prompt, then exactly the runbook's text and <|im_end|> as the generated tokens --
-  after the accepted trajectories, which are unchanged; a leaking runbook (rejected) is not one."""
+  and so is each accepted execution as it ran under that runbook's guidance, after the accepted (projected)
+  trajectories, which are unchanged; a leaking runbook (rejected) is neither."""
   cfg = load_config(CONFIG_DIR / "smoke.yml", ["rsr.num_runbooks=1", "rsr.num_repeats=1", "rsr.harnesses=[json]",
                                                "rsr.plan_demonstrations=true"])
   policy = LeakyScriptedPolicy(tokenizer, tasks, leaky_plan=NAMES[1], leaky_exec="")
   res = run_funnel(cfg, tasks, pool, renderer, lambda tag: policy, label=LABEL, workdir=str(tmp_path))
   st, m = res.manifest["stages"], res.manifest
   assert st["reviewed"] == 2 and st["accepted"] == 2 and m["plan_demonstrations"] == 2
-  assert len(res.episodes) == len(res.records) == 4
-  assert [r.get("kind") for r in res.records] == [None, None, "planning", "planning"]
+  assert m["guided_demonstrations"] == 2
+  assert len(res.episodes) == len(res.records) == 6
+  assert [r.get("kind") for r in res.records] == [None, None, "planning", "planning", "guided", "guided"]
   runbooks = [json.loads(x) for x in (tmp_path / "runbooks.jsonl").read_text().splitlines()]
-  for rec, eps in zip(res.records[2:], res.episodes[2:]):
+  # each guided demonstration is its accepted execution as it ran: the same generated tokens as the projected
+  # trajectory, the prompt with the private guidance (the runbook) that the projection took out
+  for rec, eps in zip(res.records[4:], res.episodes[4:]):
+    (proj,) = [e for e, r in zip(res.episodes[:2], res.records[:2]) if r["episode_id"] == rec["episode_id"]]
+    assert len(eps) == len(proj) and all(s.episode == res.records.index(rec) for s in eps)
+    for g, p in zip(eps, proj):
+      assert g.ids[g.gen_mask].tolist() == p.ids[p.gen_mask].tolist()
+    first = tokenizer.decode(eps[0].ids[~eps[0].gen_mask].tolist())
+    rb = runbooks[rec["runbook"]]["runbook"]
+    assert "Private guidance" in first and rb.strip().splitlines()[0] in first
+    assert "Private guidance" not in tokenizer.decode(proj[0].ids[~proj[0].gen_mask].tolist())
+  for rec, eps in zip(res.records[2:4], res.episodes[2:4]):
     (sample,) = eps
     assert sample.episode == res.records.index(rec)
     rb = runbooks[rec["runbook"]]
@@ -144,7 +157,7 @@ def test_plan_demonstrations_keep_each_accepted_runbook_as_a_planning_sample(poo
     assert "You write runbooks" in prompt and prompt.endswith(tokenizer.decode(renderer.generation_prompt()))
     assert not sample.gen_mask[:len(sample.ids) - len(gen)].any()
   assert [json.loads(x).get("kind") for x in (tmp_path / "q_clean.jsonl").read_text().splitlines()][2:] == \
-      ["planning", "planning"]
+      ["planning", "planning", "guided", "guided"]
 
 
 def test_plan_demonstrations_need_the_scripted_planner():

@@ -82,8 +82,8 @@ def test_usage_errors_are_one_line_and_exit_2(argv, says, capsys):
 
 
 def test_the_funnel_page_lists_planning_demonstrations_apart_from_accepted_trajectories(tmp_path):
-  """rsr.plan_demonstrations' Q_clean records (kind planning, no episode) are shown as the runbooks kept as SFT
-  samples, not as accepted trajectories."""
+  """rsr.plan_demonstrations' Q_clean records (kind planning, no episode; kind guided, the guided run of an
+  accepted trajectory) are shown as the demonstrations kept as SFT samples, not as accepted trajectories."""
   rd = tmp_path / "run"
   f = rd / "phases" / "rsr0"
   f.mkdir(parents=True)
@@ -93,7 +93,9 @@ def test_the_funnel_page_lists_planning_demonstrations_apart_from_accepted_traje
   (f / "q_clean.jsonl").write_text(
       json.dumps({"task": "t1", "runbook": 0, "repeat": 0, "harness": "json", "episode_id": "ex1"}) + "\n"
       + json.dumps({"task": "t1", "runbook": 0, "repeat": 0, "harness": "json", "episode_id": None,
-                    "kind": "planning"}) + "\n")
+                    "kind": "planning"}) + "\n"
+      + json.dumps({"task": "t1", "runbook": 0, "repeat": 0, "harness": "json", "episode_id": "ex1",
+                    "kind": "guided"}) + "\n")
   srv = make_server(rd, port=0)
   threading.Thread(target=srv.serve_forever, daemon=True).start()
   try:
@@ -103,3 +105,4 @@ def test_the_funnel_page_lists_planning_demonstrations_apart_from_accepted_traje
     srv.server_close()
   assert status == 200, body
   assert "planning demonstrations: 1" in body and "accepted trajectories: 1" in body and "ex1" in body
+  assert "guided demonstrations: 1" in body
