@@ -8,7 +8,8 @@ commands would fail and the episode would silently score 0. When task builds hav
 (``env.build_network``), :func:`build_steps` reads the unmodified script, the scripts of the tests folder it
 sources or calls (``source $TEST_DIR/setup-uv-pytest.sh``, ``bash /tests/run.sh``; recursively) and the
 requirement files they name (found where they will be when the tests run: in the tests folder, or copied
-from the build context by the Dockerfile), and appends to the task's Dockerfile:
+from the build context by the Dockerfile; :mod:`rsi_jax.env.verifier_script` reads the script and finds the
+files), and appends to the task's Dockerfile:
 
 - ``apt-get install`` of the packages the script installs (the package lists are kept, so the script's own
   ``apt-get install`` finds them installed with the network off);
@@ -29,13 +30,13 @@ tampering, ``rsi_jax.env.verifier``).
 
 from __future__ import annotations
 
-import fnmatch
 import posixpath
 import re
 import shlex
 from pathlib import Path
 
-from rsi_jax.env.dockerfiles import dockerfile_layout
+from rsi_jax.env.verifier_script import (container_file, container_path, image_workdir, script_commands,
+                                         script_words, tests_folder_files)
 
 WHEELHOUSE = "/opt/rsi-verifier-wheels"
 TOOLS = "/opt/rsi-verifier-tools"
@@ -54,165 +55,6 @@ _OPTS_WITH_VALUE = {"-i", "--index-url", "--extra-index-url", "-c", "--constrain
 _UV_INSTALLER = re.compile(r"astral\.sh/uv/(?:([0-9][0-9A-Za-z.+-]*)/)?install\.sh")
 # uv subcommands whose replay at build time fills the cache (others: nothing to fetch, or not ours to run)
 _UV_REPLAY = {"init", "add", "sync", "lock", "venv", "pip", "run", "tool"}
-
-
-def _commands(text: str) -> list[list[str]]:
-  text = re.sub(r"\\\n", " ", text)
-  out = []
-  for line in text.splitlines():
-    line = line.strip()
-    if not line or line.startswith("#"):
-      continue
-    for part in re.split(r"\|\||&&|[|;]", line):
-      try:
-        words = shlex.split(part, comments=True)
-      except ValueError:
-        words = part.split()
-      while words and re.fullmatch(r"\w+=\S*", words[0]):  # VAR=value prefixes
-        words = words[1:]
-      if words:
-        out.append(words)
-  return out
-
-
-def _test_files(task) -> dict[str, Path]:
-  """What the verifier copies to /tests: {path relative to /tests: host file} (a link leaving the tests folder
-  is left out)."""
-  tests = Path(task.tests_dir)
-  out = {}
-  if tests.is_dir():
-    root = tests.resolve()
-    for p in sorted(tests.rglob("*")):
-      if p.is_file() and p.resolve().is_relative_to(root):
-        out[p.relative_to(tests).as_posix()] = p
-  for p in task.extra_test_files:
-    if Path(p).is_file():
-      out[Path(p).name] = Path(p)
-  return out
-
-
-_TEST_DIR_VARS = ("$TEST_DIR", "${TEST_DIR}")
-
-
-def _container_path(word: str, cwd: str) -> str | None:
-  """The container path a script's argument names, run in ``cwd`` (``$TEST_DIR`` is /tests, ``~`` and
-  ``$HOME`` root's home); None where it depends on other variables."""
-  for var, value in [*((v, "/tests") for v in _TEST_DIR_VARS), ("$HOME", "/root"), ("${HOME}", "/root"),
-                     ("~", "/root")]:
-    if word == var or word.startswith(var + "/"):
-      word = value + word[len(var):]
-      break
-  if "$" in word or "`" in word:
-    return None
-  return posixpath.normpath(posixpath.join(cwd, word))
-
-
-def _tests_script(word: str, files: dict[str, Path], bare: bool) -> str | None:
-  """The tests-folder script (its path relative to /tests) that ``word`` names: ``$TEST_DIR/x.sh``,
-  ``${TEST_DIR}/x.sh``, ``/tests/x.sh``, ``./x.sh`` or, with ``bare``, ``x.sh``; None if it is not there."""
-  for prefix in (*(v + "/" for v in _TEST_DIR_VARS), "/tests/", "./"):
-    if word.startswith(prefix):
-      rel = word[len(prefix):]
-      break
-  else:
-    rel = word if bare and "/" not in word else None
-  if not rel:
-    return None
-  rel = posixpath.normpath(rel)
-  return rel if rel in files else None
-
-
-def _cd(cwd: str, args: list[str]) -> str:
-  target = next((a for a in args if not a.startswith("-") or a == "-"), "~")
-  if target == "-":
-    return cwd
-  return _container_path(target, cwd) or cwd
-
-
-def _workdir(task) -> str:
-  text = Path(task.dockerfile).read_text(errors="replace") if Path(task.dockerfile).is_file() else ""
-  if not re.search(r"^\s*WORKDIR\s", text, re.IGNORECASE | re.MULTILINE):
-    return "/"
-  return dockerfile_layout(text)[0]
-
-
-def _script_commands(task) -> list[tuple[list[str], str]]:
-  """The verifier script's commands, each with the working directory it runs in (the image's WORKDIR,
-  followed through ``cd``), with the tests folder's scripts it runs expanded in place: ``source X``, ``. X``,
-  ``bash X``, ``sh X`` (X as ``$TEST_DIR/x.sh``, ``${TEST_DIR}/x.sh``, ``/tests/x.sh``, ``./x.sh`` or a bare
-  name), ``$TEST_DIR/x.sh`` run directly and ``bash -c '...'``; recursively, each script once (a cycle ends)."""
-  files = _test_files(task)
-  out: list[tuple[list[str], str]] = []
-  seen: set[str] = set()
-
-  def run(text: str, cwd: str) -> str:  # -> the working directory after it (what `source` keeps)
-    for words in _commands(text):
-      prog, args = posixpath.basename(words[0]) or words[0], words[1:]
-      if prog in ("bash", "sh", "dash") and "-c" in args[:-1]:
-        run(args[args.index("-c") + 1], cwd)
-        continue
-      ref = None
-      if prog in ("source", ".", "bash", "sh", "dash"):
-        ref = _tests_script(next((a for a in args if not a.startswith("-")), ""), files, bare=True)
-      elif words[0] != prog:  # run by path
-        ref = _tests_script(words[0], files, bare=False)
-      if ref is not None:
-        if ref not in seen:
-          seen.add(ref)
-          after = run(files[ref].read_text(errors="replace"), cwd)
-          if prog in ("source", "."):
-            cwd = after
-        continue
-      if prog == "cd":
-        cwd = _cd(cwd, args)
-      out.append((words, cwd))
-    return cwd
-
-  main = posixpath.relpath(task.test_script, "/tests")
-  if main in files:
-    seen.add(main)
-    run(files[main].read_text(errors="replace"), _workdir(task))
-  return out
-
-
-def _script_words(task) -> list[list[str]]:
-  return [w for w, _ in _script_commands(task)]
-
-
-def container_file(task, path: str) -> Path | None:
-  """The host file that will be at container path ``path`` when the tests run: a file of the tests folder
-  (``/tests/...``) or one the Dockerfile copies from the build context (the last COPY / ADD that holds it);
-  None if neither has it."""
-  path = posixpath.normpath(path)
-  if path.startswith("/tests/"):
-    return _test_files(task).get(path[len("/tests/"):])
-  ctx = Path(task.context_dir)
-  root = ctx.resolve()
-  for src, dst in reversed(dockerfile_layout(Path(task.dockerfile).read_text(errors="replace"))[1]):
-    s = posixpath.normpath(src.lstrip("/"))
-    if "://" in src or s.split("/")[0] in task.context_exclude or s.startswith(".."):
-      continue
-    host = ctx if s == "." else ctx / s
-    if any(c in s for c in "*?["):
-      if not dst.endswith("/") or posixpath.dirname(path) != dst.rstrip("/"):
-        continue
-      name = posixpath.basename(path)
-      if not fnmatch.fnmatchcase(name, posixpath.basename(s)):
-        continue
-      f = host.parent / name
-    elif host.is_dir():
-      prefix = dst.rstrip("/") + "/"
-      if not path.startswith(prefix):
-        continue
-      f = host / path[len(prefix):]
-    else:
-      target = dst + posixpath.basename(s) if dst.endswith("/") else dst
-      if path != posixpath.normpath(target):
-        continue
-      f = host
-    if f.is_file() and f.resolve().is_relative_to(root):
-      return f
-  return None
 
 
 def _is_spec(w: str) -> bool:
@@ -258,10 +100,10 @@ def requirements(task) -> list[str]:
   read: set[Path] = set()
 
   def from_file(name: str, cwd: str):
-    path = _container_path(name, cwd)
+    path = container_path(name, cwd)
     f = container_file(task, path) if path else None
     if f is None:  # not found where the script looks: the tests folder's file of that name, if any
-      f = _test_files(task).get(posixpath.basename(name))
+      f = tests_folder_files(task).get(posixpath.basename(name))
       path = "/tests/" + posixpath.basename(name)
     if f is None or f in read:
       return
@@ -277,7 +119,7 @@ def requirements(task) -> list[str]:
   def with_specs(value: str):
     specs.extend(x for x in value.split(",") if _is_spec(x))
 
-  for words, cwd in _script_commands(task):
+  for words, cwd in script_commands(task):
     prog, rest = Path(words[0]).name, _split_opts(words[1:])
     if prog.startswith("python") and rest[:2] == ["-m", "pip"]:
       prog, rest = "pip", rest[2:]
@@ -303,7 +145,7 @@ def requirements(task) -> list[str]:
 
 def uv_installer(task) -> str | None:
   """The uv version the script's installer URL names (``""``: the newest), or None without one."""
-  for words in _script_words(task):  # comments left out
+  for words in script_words(task):  # comments left out
     for w in words:
       m = _UV_INSTALLER.search(w)
       if m:
@@ -314,7 +156,7 @@ def uv_installer(task) -> str | None:
 def apt_packages(task) -> list[str]:
   """The packages the script installs with ``apt-get install`` / ``apt install``, sorted and unique."""
   out = []
-  for words in _script_words(task):
+  for words in script_words(task):
     prog, rest = Path(words[0]).name, words[1:]
     if prog in ("apt-get", "apt") and "install" in rest:
       out += [w for w in rest[rest.index("install") + 1:]
@@ -329,8 +171,8 @@ def _uv_replays(task) -> list[tuple[list[str], str | None]]:
   working directory)."""
   out = []
   skip = {k: (lambda v: None) for k in ("-w", "--with", "--with-requirements", "--with-editable")}
-  start = _workdir(task)
-  for words, cwd in _script_commands(task):
+  start = image_workdir(task)
+  for words, cwd in script_commands(task):
     prog, rest = Path(words[0]).name, words[1:]
     where = None if cwd == start else cwd
     if prog == "uvx" or (prog == "uv" and rest[:2] == ["tool", "run"]):
