@@ -144,7 +144,7 @@ def print_table(results, compile_s, base, extra=None):
 
 def bench_pipeline(shape, reps, gamma, lam, rlax):
   from rsi_jax.pipeline.rpr import _SAMPLE_FIELDS, chain_links, linked_tb_gae, to_device_batch
-  from rsi_jax.rl.advantages import clock_flags
+  from rsi_jax.rl.linked_gae import clock_flags
 
   rows, length = (int(x) for x in shape.lower().split("x"))
   batch = rollout_batch(rows, length)

@@ -126,7 +126,7 @@ class RLConfig:
   # spread samples over the data shards by token count (longest first to the least loaded shard) and pack
   # rows first-fit decreasing; false: contiguous blocks of samples in order (paper: RPR-2 balances)
   dynamic_balancing: bool = False
-  # TB-GAE's recurrence (rsi_jax/rl/advantages.py): scan (sequential lax.scan), associative
+  # TB-GAE's recurrence (rsi_jax/rl/linked_gae.py): scan (sequential lax.scan), associative
   # (lax.associative_scan, log depth) or auto (associative on accelerators, scan on CPU); same results
   gae_impl: str = "auto"
 

@@ -28,9 +28,8 @@ from rsi_jax.models.actor import target_index
 from rsi_jax.models.mesh import batch_shards, batch_sharding
 from rsi_jax.models.optim import TrainState, init_train_state, make_optimizer, make_train_step
 from rsi_jax.pipeline.multihost import global_array
-from rsi_jax.rl.advantages import (ChainedResult, chain_predecessors, chained_tb_gae, clock_flags,
-                                   gae_impl)
 from rsi_jax.rl.batch import TrajectoryBatch
+from rsi_jax.rl.linked_gae import ChainedResult, chain_predecessors, chained_tb_gae, clock_flags, gae_impl
 from rsi_jax.rl.losses import ppo_policy_loss, value_loss
 from rsi_jax.rl.metrics import combine_pass_metrics, explained_variance, masked_token_mean
 from rsi_jax.rl.packing import PassIndex, PassPlan, pass_index, plan_passes, take
@@ -43,7 +42,7 @@ def linked_tb_gae(values, batch: dict, gamma_turn: float, lambda_turn: float, li
                   impl: str = "scan") -> ChainedResult:
   """TB-GAE where row i continues into row ``next_row[i]`` (the next segment of the same rollout): each
   episode is one recursion over its segments' generated tokens, in one pass whatever the number of segments
-  (:func:`rsi_jax.rl.advantages.chained_tb_gae`, with the turn clock ``batch["clock"]`` that
+  (:func:`rsi_jax.rl.linked_gae.chained_tb_gae`, with the turn clock ``batch["clock"]`` that
   :func:`to_device_batch` settles on the host). ``links``: None = whole episodes, k = at most k following
   segments (0 = every segment cut at its end). ``impl``: ``scan`` or ``associative`` (``rl.gae_impl``)."""
   return chained_tb_gae(values, batch["rewards"], batch["clock"], batch["next_row"], gamma_turn, lambda_turn,
@@ -53,7 +52,7 @@ def linked_tb_gae(values, batch: dict, gamma_turn: float, lambda_turn: float, li
 def to_device_batch(batch: TrajectoryBatch, mesh=None) -> dict:
   """The sample-layout arrays TB-GAE reads (:func:`linked_tb_gae`), on the device (``mesh``: replicated over
   it; under multi-host every process holds the same batch and places its own devices' copies): the batch's
-  fields and ``clock``, the turn clock of the linked segments (:func:`rsi_jax.rl.advantages.clock_flags`,
+  fields and ``clock``, the turn clock of the linked segments (:func:`rsi_jax.rl.linked_gae.clock_flags`,
   computed here on the host; a malformed ``next_row`` raises ValueError)."""
   host = {k: getattr(batch, k) for k in _SAMPLE_FIELDS}
   host["clock"] = clock_flags(batch.gen_mask, batch.turn_ids, batch.dones, batch.next_row)

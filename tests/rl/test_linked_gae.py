@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from rsi_jax.config import CONFIG_DIR, ConfigError, load_config
 from rsi_jax.pipeline.rpr import chain_links, linked_tb_gae, to_device_batch
-from rsi_jax.rl.advantages import (DONE, NEW_TURN, NODE, TBGAECarry, chained_tb_gae, clock_flags, gae_impl,
-                                   tb_gae)
+from rsi_jax.rl.advantages import TBGAECarry, tb_gae
 from rsi_jax.rl.batch import TrajectoryBatch
+from rsi_jax.rl.linked_gae import DONE, NEW_TURN, NODE, chained_tb_gae, clock_flags, gae_impl
 
 ROWS, T = 10, 40
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
