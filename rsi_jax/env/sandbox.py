@@ -12,7 +12,7 @@ the next command. Every ``docker exec`` process is a session and process-group l
 a session of its own) kills the command's whole process group at the timeout, background jobs it started
 included. Output goes to a file in the container, not to the exec stream, so a
 background job that keeps its stdout open cannot hold a command open; it comes back capped
-(``output_cap_bytes``, the middle elided).
+(``output_cap_bytes``, the middle elided). The scripts themselves are in :mod:`rsi_jax.env.sandbox_shell`.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ import docker.errors
 
 from rsi_jax.env.overlay import local_layers, overlay_changes, tree_bytes
 from rsi_jax.env.reaper import _LIVE, _LIVE_LOCK, LABEL_EPISODE, LABEL_HOST, LABEL_PID, LABEL_RUN, LABEL_TASK
+from rsi_jax.env.sandbox_shell import COLLECT_SCRIPT, EXIT_TRAILER, INIT_CMD, RAW_SCRIPT, SHELL_SCRIPT
 
 log = logging.getLogger(__name__)
 
-SHELL_DIR = "/tmp/.rsi_shell"
 # PATH for the verifier and helper execs: fixed, never the agent's.
 SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/sbin:/usr/local/bin"  # system tools first
 
@@ -51,67 +51,6 @@ VERIFIER_TIMEOUT = "verifier_timeout"
 VERIFIER_ERROR = "verifier_error"
 DISK_LIMIT = "disk_limit"  # the container wrote more than its storage limit: stopped
 DISK_POLL_S = 1.0  # during a command the writable layer is measured this often (its changed files only)
-
-# PID 1: a bash that reaps orphans. It installs no signal handler, so as a namespace's init it ignores every
-# signal sent from inside (an agent cannot end its own container) and survives `kill -KILL -1`; teardown
-# kills it from outside.
-INIT_CMD = ["/bin/bash", "-c", "while :; do /usr/bin/sleep 86400 & wait $!; done"]
-
-# One agent command. argv: $1 command id, $2 timeout (s), $3 output cap (bytes); env RSI_CMD: the command.
-_SHELL_SCRIPT = r"""
-__rsi_d=/tmp/.rsi_shell; __rsi_id=$1; __rsi_o=$__rsi_d/out.$1
-/usr/bin/mkdir -p "$__rsi_d"
-echo $$ > "$__rsi_d/pid.$1"
-/usr/bin/setsid /bin/bash -c '/usr/bin/sleep "$1"; : > "$2"; kill -KILL -- -"$3"' _ "$2" \
-  "$__rsi_d/timeout.$1" $$ </dev/null >/dev/null 2>&1 &
-__rsi_wd=$!
-__rsi_cap=$3
-exec 3>&1 1>/dev/null 2>/dev/null
-[ -f "$__rsi_d/state" ] && . "$__rsi_d/state"
-__rsi_exit() {
-  __rsi_rc=$?
-  set +e +u +o pipefail  # the command's own shell options (set -euo pipefail) end with it
-  { export -p; printf 'cd -- %q\n' "$PWD"; } > "$__rsi_d/state.tmp" && /usr/bin/mv -f "$__rsi_d/state.tmp" "$__rsi_d/state"
-  kill -KILL -- -"$__rsi_wd" 2>/dev/null || kill -KILL "$__rsi_wd" 2>/dev/null  # (not yet its own group)
-  __rsi_n=$(/usr/bin/stat -c %s "$__rsi_o" || echo 0)
-  if [ "$__rsi_n" -le "$__rsi_cap" ]; then /usr/bin/cat "$__rsi_o" >&3
-  else
-    /usr/bin/head -c $((__rsi_cap / 2)) "$__rsi_o" >&3
-    printf '\n[... %d bytes of output elided ...]\n' $((__rsi_n - __rsi_cap)) >&3
-    /usr/bin/tail -c $((__rsi_cap - __rsi_cap / 2)) "$__rsi_o" >&3
-  fi
-  /usr/bin/rm -f "$__rsi_o"
-  printf '\036RSI:%d\036' "$__rsi_rc" >&3
-  exit $__rsi_rc
-}
-trap __rsi_exit EXIT
-__rsi_c=$RSI_CMD; unset RSI_CMD
-eval "$__rsi_c" >"$__rsi_o" 2>&1 </dev/null 3>&-
-"""
-
-_END = b"\x1eRSI:"  # the exit trap's trailer: output, then \x1eRSI:<exit code>\x1e
-
-# After a timeout kill: what the command had printed, capped the same way. argv: $1 id, $2 cap.
-_COLLECT_SCRIPT = r"""
-o=/tmp/.rsi_shell/out.$1; cap=$2
-[ -f /tmp/.rsi_shell/timeout.$1 ] && echo TIMEOUT || echo KILLED
-n=$(stat -c %s "$o" 2>/dev/null || echo 0)
-if [ "$n" -le "$cap" ]; then cat "$o" 2>/dev/null
-else head -c $((cap / 2)) "$o"; printf '\n[... %d bytes of output elided ...]\n' $((n - cap)); tail -c $((cap - cap / 2)) "$o"; fi
-rm -f "$o" /tmp/.rsi_shell/timeout.$1
-"""
-
-# A trusted command with a fixed environment and a hard timeout on its whole process group. argv: cmd...
-_RAW_SCRIPT = r"""
-/usr/bin/setsid /bin/bash -c '/usr/bin/sleep "$1"; kill -KILL -- -"$2"' _ "$RSI_TIMEOUT" $$ \
-  </dev/null >/dev/null 2>&1 &
-w=$!
-disown "$w"
-"$@"
-rc=$?
-kill -KILL -- -"$w" 2>/dev/null
-exit $rc
-"""
 
 
 class SandboxError(RuntimeError):
@@ -320,7 +259,7 @@ class DockerSandbox:
     backstop.start()
     try:
       res = self.container.exec_run(
-          ["/bin/bash", "-c", _SHELL_SCRIPT, "bash", str(n), f"{timeout_s:g}",
+          ["/bin/bash", "-c", SHELL_SCRIPT, "bash", str(n), f"{timeout_s:g}",
            str(self.output_cap_bytes)], environment={"RSI_CMD": command}, demux=False)
     except docker.errors.DockerException as e:
       self._check_alive("a command")
@@ -329,11 +268,11 @@ class DockerSandbox:
       backstop.cancel()
     dt = time.time() - t0
     out = res.output or b""
-    end = out.rfind(_END)
+    end = out.rfind(EXIT_TRAILER)
     if end < 0:
       # The shell was killed: by its watchdog (timeout), by the agent itself, or with the container.
       self._check_alive("a command")
-      col = self.exec_raw(["/bin/bash", "-c", _COLLECT_SCRIPT, "bash", str(n), str(self.output_cap_bytes)],
+      col = self.exec_raw(["/bin/bash", "-c", COLLECT_SCRIPT, "bash", str(n), str(self.output_cap_bytes)],
                           timeout_s=30)
       status, _, out = col.output.partition("\n")
       if status == "TIMEOUT":
@@ -344,7 +283,7 @@ class DockerSandbox:
       time.sleep(0.5)
       self._check_alive("a command")
       return CommandResult(out, 137, False, dt)
-    code = int(out[end + len(_END):].rstrip(b"\x1e") or res.exit_code or 0)
+    code = int(out[end + len(EXIT_TRAILER):].rstrip(b"\x1e") or res.exit_code or 0)
     return CommandResult(out[:end].decode("utf-8", "replace"), code, False, dt)
 
   def _kill_command(self, n: int):
@@ -363,7 +302,7 @@ class DockerSandbox:
     environment.update(env or {})
     t0 = time.time()
     try:
-      res = self.container.exec_run(["/bin/bash", "-c", _RAW_SCRIPT, "bash", *argv],
+      res = self.container.exec_run(["/bin/bash", "-c", RAW_SCRIPT, "bash", *argv],
                                     environment=environment, workdir=workdir, demux=False)
     except docker.errors.DockerException as e:
       self._check_alive(argv[0])
