@@ -45,7 +45,7 @@ class PagedScheduler:
   A request is any object with ``prompt`` ((n,) int32), ``params`` (:class:`~rsi_jax.policy.SamplingParams`),
   ``key``, ``tokens``, ``done``, ``start_version``, ``version`` and a ``kv`` attribute this scheduler owns
   (None until :meth:`admit` first sees it). ``stats`` is the server's
-  :class:`~rsi_jax.sampler.server.ServerStats`; the prefill, reuse and KV counters are counted here.
+  :class:`~rsi_jax.sampler.request.ServerStats`; the prefill, reuse and KV counters are counted here.
   """
 
   def __init__(self, engine: PagedEngine, *, prefix_cache: bool, decode_steps: int, version: int, stats):

@@ -22,17 +22,17 @@ their completions carry ``version_changed=True`` and the version that sampled th
 
 With a :class:`~rsi_jax.sampler.paged.PagedEngine`, admission, prefill and the KV blocks of each request go
 through a :class:`~rsi_jax.sampler.paged_scheduler.PagedScheduler` (block tables, prefix reuse, chunked
-prefill between decode calls).
+prefill between decode calls). What one request carries, its prompt limit and stop strings, and the counters:
+:mod:`rsi_jax.sampler.request`.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 
 import jax
 import numpy as np
@@ -43,42 +43,9 @@ from rsi_jax.sampler.engine import Engine
 from rsi_jax.sampler.factory import build_engine
 from rsi_jax.sampler.paged import BlockPool, PagedEngine
 from rsi_jax.sampler.paged_scheduler import PagedScheduler
+from rsi_jax.sampler.request import Request, ServerStats, prompt_limit, resolve, stop_string_hit
 
 QWEN3_EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
-
-
-@dataclasses.dataclass(eq=False)  # a request is itself: the queue removes it by identity
-class _Request:
-  prompt: np.ndarray  # (n,) int32, after any truncation
-  params: P.SamplingParams
-  key: jax.Array  # typed PRNG key of this request
-  future: Future
-  stop_ids: frozenset
-  start_version: int = 0  # weights that sampled the first token
-  version: int = 0  # weights that sampled the latest token
-  tokens: list = dataclasses.field(default_factory=list)
-  logprobs: list = dataclasses.field(default_factory=list)
-  # Set exactly once, under the server's lock, by whoever ends the request: a completion, cancel() or the
-  # close path. Only that one completes the future, so each future ends once.
-  done: bool = False
-  kv: object = None  # paged engine: its KV state, owned by the PagedScheduler (a paged_scheduler.KVSeq)
-
-
-@dataclasses.dataclass
-class ServerStats:
-  decode_steps: int = 0
-  prefills: int = 0
-  tokens: int = 0  # generated tokens delivered to requests
-  busy_slot_steps: int = 0  # sum over decode steps of the number of occupied slots
-  swaps: int = 0
-  cancelled: int = 0
-  prefill_tokens: int = 0  # prompt tokens computed (paged: excludes reused ones)
-  reused_tokens: int = 0  # prompt tokens whose keys came from the prefix cache (paged)
-  prefill_chunks: int = 0  # chunked prefill calls (paged)
-  interleaved_steps: int = 0  # decode steps dispatched while a prompt was still being prefilled (paged)
-  # paged, summed over decode calls: KV positions the decoding requests hold (whole blocks) and use
-  kv_held_positions: int = 0
-  kv_live_positions: int = 0
 
 
 class SamplerServer:
@@ -140,11 +107,11 @@ class SamplerServer:
     self._pending_swap = None  # (params, version) waiting to be applied
     self._seed_key = jax.random.key(seed)
     self._counter = itertools.count()
-    self._queue: collections.deque[_Request] = collections.deque()
+    self._queue: collections.deque[Request] = collections.deque()
     self._cv = threading.Condition()
     self._closed = False
     self._error: BaseException | None = None
-    self._slots: list[_Request | None] = [None] * engine.num_slots
+    self._slots: list[Request | None] = [None] * engine.num_slots
     self._cancelled_slots: list[int] = []  # freed by the loop thread (it owns the decode state)
     self._state = engine.init_decode_state()
     self._thread = threading.Thread(target=self._loop, name="sampler", daemon=True)
@@ -205,7 +172,7 @@ class SamplerServer:
       prompt = prompt[-limit:]
     key = (jax.random.key(params.seed) if params.seed is not None
            else jax.random.fold_in(self._seed_key, next(self._counter)))
-    req = _Request(prompt=prompt.astype(np.int32), params=params, key=key, future=fut,
+    req = Request(prompt=prompt.astype(np.int32), params=params, key=key, future=fut,
                    stop_ids=frozenset(params.stop_token_ids) | self.eos_token_ids)
     with self._cv:
       if self._closed:
@@ -336,7 +303,7 @@ class SamplerServer:
       self._queue.clear()
       self._cv.notify_all()
     for req in ended:
-      _resolve(req.future, error=RuntimeError(f"sampler stopped: {err!r}"))
+      resolve(req.future, error=RuntimeError(f"sampler stopped: {err!r}"))
 
   def _busy(self) -> bool:
     return any(r is not None for r in self._slots)
@@ -357,7 +324,7 @@ class SamplerServer:
       self._paged.swap(self._version)  # cached keys were computed by the old weights
     self._cv.notify_all()
 
-  def _prefill_into(self, slot: int, req: _Request):
+  def _prefill_into(self, slot: int, req: Request):
     """Prefill and insert without reading the first token back (that would wait for the decode call in
     flight); it is recorded with the next call's tokens. A request that ends on its first token therefore
     holds its slot for one call."""
@@ -369,7 +336,7 @@ class SamplerServer:
     self._state = self.engine.insert(prefix, self._state, slot)
     return slot, req, prefix.token, prefix.logprob
 
-  def _release_slot(self, slot: int, req: _Request, finished: bool):
+  def _release_slot(self, slot: int, req: Request, finished: bool):
     """Free the slot; on the paged engine give its blocks back (:meth:`PagedScheduler.release`)."""
     self._state = self.engine.free(self._state, slot)
     if self._slots[slot] is req:
@@ -396,7 +363,7 @@ class SamplerServer:
         if self._append(slot, req, int(tokens[step, slot]), float(logprobs[step, slot])):
           break
 
-  def _append(self, slot: int, req: _Request, token: int, logprob: float) -> bool:
+  def _append(self, slot: int, req: Request, token: int, logprob: float) -> bool:
     """Record one sampled token; if the request ended, complete its future and free its slot, unless a
     :meth:`cancel` got there first (then the cancel path frees the slot, once). Returns whether the request
     is over (ended here or cancelled)."""
@@ -421,42 +388,8 @@ class SamplerServer:
       req.done = True
     self.stats.tokens += n
     self._release_slot(slot, req, finished=True)  # before the future's callbacks run (in this thread)
-    _resolve(req.future, P.Completion(
+    resolve(req.future, P.Completion(
         token_ids=np.asarray(req.tokens, np.int32), logprobs=np.asarray(req.logprobs, np.float32),
         finish_reason=reason, weight_version=req.version, prompt_len=int(req.prompt.size),
         version_changed=req.version != req.start_version))
     return True
-
-
-def _resolve(future: Future, result=None, error: BaseException | None = None):
-  """Complete the future of a request this thread has just marked done (so no :meth:`SamplerServer.cancel`
-  can touch it). A future its owner cancelled directly (``future.cancel()``, not through the server) has
-  nobody left to tell: it stays cancelled."""
-  try:
-    if error is not None:
-      future.set_exception(error)
-    else:
-      future.set_result(result)
-  except InvalidStateError:
-    if not future.cancelled():
-      raise
-
-
-def prompt_limit(paged: bool, max_cache_length: int, max_prefill_length: int,
-                 max_input_tokens: int | None = None) -> int:
-  """Longest prompt a server serves whole: ``max_input_tokens`` (``rollout.max_input_tokens``), bounded by the
-  engine (paged: ``max_cache_length - 1``, as chunked prefill takes any length that leaves room for one
-  generated token; slot / maxtext: the whole-prompt prefill's ``max_prefill_length``)."""
-  limit = max_cache_length - 1 if paged else max_prefill_length
-  return min(limit, int(max_input_tokens)) if max_input_tokens else limit
-
-
-def stop_string_hit(tokenizer, tokens: Sequence[int], stop_strings: Sequence[str]) -> bool:
-  """Whether a stop string occurs in the decoded tail of ``tokens`` (checked after every new token).
-
-  Only a tail window is decoded: a string of c characters spans at most c tokens (every token decodes to
-  at least one character, up to a few partial UTF-8 bytes), so an occurrence that ended earlier was caught
-  when it did."""
-  width = max(len(s) for s in stop_strings) + 4
-  text = tokenizer.decode(list(tokens[-width:]))
-  return any(s in text for s in stop_strings)

@@ -95,7 +95,7 @@ def test_defaults_serve_the_first_prompt_of_every_shipped_task():
   cfg = load_config(CONFIG_DIR / "base.yml")
   tok = load_tokenizer(cfg.model.tokenizer_path)
 
-  from rsi_jax.sampler.server import prompt_limit
+  from rsi_jax.sampler.request import prompt_limit
 
   class Limits:  # what the harness reads from the sampler: the limit SamplerServer.from_config(cfg) serves
     max_prompt_tokens = prompt_limit(cfg.sampler.decode_impl == "paged", cfg.sampler.max_cache_length,

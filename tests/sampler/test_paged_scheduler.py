@@ -7,7 +7,7 @@ import numpy as np
 
 from rsi_jax import policy as P
 from rsi_jax.sampler.paged_scheduler import PagedScheduler
-from rsi_jax.sampler.server import ServerStats
+from rsi_jax.sampler.request import ServerStats
 from tests.sampler.conftest import BLOCK, CHUNK, VOCAB, engine_with
 
 

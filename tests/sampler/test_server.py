@@ -166,7 +166,7 @@ def test_weight_swap(impl, request, actor, actor_params, actor_params_b, policy)
 def test_stop_string_window_with_the_qwen3_tokenizer():
   """Fed one token at a time, the tail-window check fires exactly at the token that completes the string."""
   from rsi_jax.models.tokenizer import load_tokenizer
-  from rsi_jax.sampler.server import stop_string_hit
+  from rsi_jax.sampler.request import stop_string_hit
   tok = load_tokenizer()
   ids = tok.encode("Running tests...\nAll 12 passed. DONE_MARKER\nbye")
   for stop in ("DONE_MARKER", "passed.", "\nbye", "ü"):
