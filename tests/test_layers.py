@@ -186,3 +186,16 @@ def test_the_graph_reads_lazy_and_relative_imports(tmp_path):
   assert g["rsi_jax.b"] == {"rsi_jax.b.y"}
   assert g["rsi_jax.b.z"] == {"rsi_jax.b", "rsi_jax.b.y"}  # its own package named: an edge; on the way: none
   assert cycles(g) == [["rsi_jax.a.x", "rsi_jax.b.y", "rsi_jax.a.x"]]
+
+
+MAX_MODULE_LINES = 450  # issue 32: one job per module; a module that grows past this is split along its seam
+
+
+def test_no_module_is_longer_than_the_limit():
+  """Every module of ``rsi_jax/`` has at most MAX_MODULE_LINES lines, and says its one job in its docstring's
+  first line."""
+  long = {m: n for m, (p, _) in modules(ROOT).items() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+  assert not long, f"modules over {MAX_MODULE_LINES} lines (split them along their seams): {long}"
+  silent = sorted(m for m, (p, is_pkg) in modules(ROOT).items()
+                  if p.read_text().strip() and not (ast.get_docstring(ast.parse(p.read_text())) or "").strip())
+  assert not silent, f"modules without a docstring saying their job: {silent}"
