@@ -19,6 +19,15 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
+# The tests that send SIGINT (Ctrl-C) to a child process need the child to receive it. A shell starts a
+# background job (`cmd &`, nohup) with SIGINT ignored, and an ignored signal stays ignored in every child, so
+# under such a launch those children would run on as if nothing were sent (four such tests failed so). A
+# handler, unlike "ignore", is reset to the default when a child starts: give the session Python's own.
+import signal  # noqa: E402
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 import pytest  # noqa: E402
 
