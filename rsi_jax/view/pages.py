@@ -6,6 +6,8 @@ SVG for curves and bars; nothing is fetched from elsewhere, so the pages work of
 
 from __future__ import annotations
 
+import collections
+
 import html
 import math
 import urllib.parse
@@ -358,9 +360,11 @@ def rsr_page(run: RunFolder, phase: str) -> str:
                    " ".join(f"<a href='/episode?{q(src=exec_src, i=i)}'>{_success(x.get('success'))} "
                             f"{e(x['episode_id'])}</a>" for i, x in ex)])
     body += table(["#", "from harness", "discovery episode", "runbook", "review", "reasons", "fresh executions"], rows)
-    acc = [a for a in accepted if a.get("task") == task and a.get("kind") not in ("planning", "guided")]
-    demos = [a for a in accepted if a.get("task") == task and a.get("kind") == "planning"]
-    guided = [a for a in accepted if a.get("task") == task and a.get("kind") == "guided"]
+    by_kind = collections.defaultdict(list)  # None: accepted trajectories; planning / guided: demonstrations
+    for a in accepted:
+      if a.get("task") == task:
+        by_kind[a.get("kind")].append(a)
+    acc, demos, guided = by_kind[None], by_kind["planning"], by_kind["guided"]
     if demos:  # rsr.plan_demonstrations: accepted runbooks kept as SFT samples
       body += (f"<h3>planning demonstrations: {len(demos)}</h3><p>runbook(s) "
                f"{', '.join(_fmt(a.get('runbook')) for a in demos)} kept as SFT samples</p>")
