@@ -2,7 +2,7 @@
 gate filters them, fresh executions under them, projection, SFT) beside the run's own RSR-1 with it off
 (verified self-imitation), both started from the run's Base checkpoint on the same tasks and seed.
 
-Usage: .venv/bin/python scripts/learn_check_rewrite.py RUN_DIR [--num-runbooks N] [key=value ...]
+Usage: .venv/bin/python scripts/learn_check_rewrite.py RUN_DIR [--num-runbooks N] [--broken] [key=value ...]
        .venv/bin/python scripts/learn_check_rewrite.py --compare SELF_IMITATION_RUN REWRITE_RUN
 
 Runs RSR-1 from RUN_DIR's Base (``rsr0``) checkpoint with RUN_DIR's config, RSR-1's phase overrides, the
@@ -11,6 +11,10 @@ overrides, in the run ``<name>_rewrite``; its in-training evaluation measures th
 step 0: Base again, which must equal RUN_DIR's Base row) and the end of the phase. Then prints, for both
 variants, the funnel's counts per stage, the review gate's rejections by reason, the turns per accepted
 trajectory and held-out Mean@R / pass@R, and writes ``<name>_rewrite/rewrite_comparison.json``.
+
+``--broken``: the broken variant (run by hand, in ``<name>_rewrite_broken``): the one change is in the code path,
+the funnel's gate into Q_clean inverted (``rsi_jax.rsr.funnel.execution_verified`` replaced), so RSR-1 trains
+on the fresh executions the verifier *rejected*; a correct learning path shows it not improving on Base.
 """
 
 from __future__ import annotations
@@ -48,12 +52,22 @@ def variant(run: Path, phase: str) -> dict:
           "runs": held["runs"] if held else None}
 
 
-def run_rewrite(run: Path, num_runbooks: int, overrides: list[str]) -> tuple[int, Path]:
-  """RSR-1 with the runbook stage on, from ``run``'s Base checkpoint, in ``<run>_rewrite``."""
+def rejected_only(res) -> bool:
+  """The broken variant's gate: a fresh execution that ran (not an infrastructure failure, which the funnel
+  counts before asking) and failed its verifier."""
+  return res.success != 1
+
+
+def run_rewrite(run: Path, num_runbooks: int, overrides: list[str], broken: bool = False) -> tuple[int, Path]:
+  """RSR-1 with the runbook stage on, from ``run``'s Base checkpoint, in ``<run>_rewrite`` (``broken``:
+  trained on the rejected executions, in ``<run>_rewrite_broken``)."""
   base = run / "checkpoints" / "rsr0"
   if not base.is_dir():
     raise FileNotFoundError(f"no Base (rsr0) checkpoint in {run} (run scripts/learn_check.sh first)")
-  name = f"{run.name}_rewrite"
+  name = f"{run.name}_rewrite" + ("_broken" if broken else "")
+  if broken:
+    from rsi_jax.rsr import funnel
+    funnel.execution_verified = rejected_only  # the deliberate bug
   rc = learn_check_rpr.rerun(run, "rsr1", name, [f"pipeline.actor_from={{rsr1: {base}}}", "rsr.policy=actor",
                                                  f"rsr.num_runbooks={num_runbooks}", *overrides])
   return rc, run.parent / name
@@ -67,10 +81,12 @@ def main(argv=None) -> int:
       self_run, rewrite_run = Path(argv[1]), Path(argv[2])
     elif argv and not argv[0].startswith("-"):
       n, rest = 2, argv[1:]
+      broken = "--broken" in rest
+      rest = [a for a in rest if a != "--broken"]
       if rest[:1] == ["--num-runbooks"] and len(rest) > 1 and rest[1].isdigit():
         n, rest = int(rest[1]), rest[2:]
       self_run = Path(argv[0]).resolve()
-      rc, rewrite_run = run_rewrite(self_run, n, rest)
+      rc, rewrite_run = run_rewrite(self_run, n, rest, broken)
       if rc != 0:
         return rc
       learn_check_table.main([str(rewrite_run), "--start-label", "Base (the run's rsr0 checkpoint)"])

@@ -237,7 +237,7 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
            "success": res.success, "failure_kind": res.failure_kind, "leakage": []}
     if res.infra_failure:
       counts.add(f"infra:execution:{res.failure_kind or 'unknown'}", t.family, h)
-    elif res.success == 1:
+    elif execution_verified(res):
       counts.add("verified", t.family, h)
       screen = screen_trajectory(t, res)
       row["leakage"] = list(screen.reasons)
@@ -284,6 +284,13 @@ def planning_sample(prompt_ids: Sequence[int], runbook: str, renderer) -> Sample
   gen = np.r_[np.zeros(n, bool), np.ones(m, bool)]
   return Sample(np.asarray([*prompt_ids, *reply], np.int32), gen, np.zeros(n + m, np.float32),
                 np.where(gen, 0, -1).astype(np.int32), 0, np.where(gen, 0, -1).astype(np.int32))
+
+
+def execution_verified(res) -> bool:
+  """Whether a fresh execution (not an infrastructure failure) passed its verifier: the gate into Q_clean.
+  ``scripts/learn_check_rewrite.py --broken`` replaces it (the learning check's broken RSR variant: SFT on the
+  executions the verifier rejected)."""
+  return res.success == 1
 
 
 def _keep_stage(workdir, cfg, stage: str, items):

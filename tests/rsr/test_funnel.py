@@ -160,6 +160,47 @@ def test_plan_demonstrations_keep_each_accepted_runbook_and_its_guided_run_as_sa
       ["planning", "planning", "guided", "guided"]
 
 
+class FailingExecutionPolicy(ScriptedRSRPolicy):
+  """The scripted test double, except that under a runbook's guidance it answers ``failing``'s task with a
+  command that does nothing, so that execution fails its verifier."""
+
+  def __init__(self, tokenizer, tasks, failing: str):
+    super().__init__(tokenizer, tasks)
+    self.failing = failing
+
+  def reply(self, prompt):
+    text = super().reply(prompt)
+    if GUIDANCE_MARK in prompt and '"command"' in text and self._task(prompt).name == self.failing:
+      text = json.dumps({"command": "true", "done": False})
+    return text
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_broken_rsr_variant_trains_on_the_rejected_executions_only(pool, tasks, tokenizer, renderer,
+                                                                       tmp_path, monkeypatch):
+  """scripts/learn_check_rewrite.py --broken: with the gate into Q_clean inverted, the one execution the verifier
+  rejected is Q_clean (its projected trajectory: the public prompt, the command that did nothing), and the two
+  that verified are not."""
+  import sys
+  sys.path.insert(0, str(REPO_ROOT / "scripts"))
+  import learn_check_rewrite
+
+  from rsi_jax.rsr import funnel
+  monkeypatch.setattr(funnel, "execution_verified", learn_check_rewrite.rejected_only)
+  cfg = load_config(CONFIG_DIR / "smoke.yml", ["rsr.num_runbooks=1", "rsr.num_repeats=1", "rsr.harnesses=[json]"])
+  policy = FailingExecutionPolicy(tokenizer, tasks, failing=NAMES[2])
+  res = run_funnel(cfg, tasks, pool, renderer, lambda tag: policy, label=LABEL, workdir=str(tmp_path))
+  st = res.manifest["stages"]
+  assert st["discovered"] == st["reviewed"] == st["executed"] == 3 and st["infra_failures"] == {}
+  assert st["accepted"] == 1 and [r["task"] for r in res.records] == [NAMES[2]]
+  execs = [json.loads(x) for x in (tmp_path / "executions.jsonl").read_text().splitlines()]
+  assert sorted((e["task"], e["success"]) for e in execs) == sorted([(NAMES[0], 1), (NAMES[1], 1), (NAMES[2], 0)])
+  (eps,) = res.episodes
+  gen = tokenizer.decode(eps[0].ids[eps[0].gen_mask.astype(bool)].tolist())
+  assert gen.startswith('{"command": "true"') and GUIDANCE_MARK not in tokenizer.decode(eps[0].ids.tolist())
+
+
 def test_plan_demonstrations_need_the_scripted_planner():
   with pytest.raises(ConfigError, match="rsr.plan_demonstrations: needs policy scripted"):
     load_config(CONFIG_DIR / "smoke.yml", ["rsr.plan_demonstrations=true", "rsr.policy=actor"])
