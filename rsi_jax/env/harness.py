@@ -348,10 +348,14 @@ def summarize_threshold(threshold: int, policy) -> int:
   if not limit:
     return threshold
   reachable = max(1, int(limit) - min(512, int(limit) // 4))
-  if reachable < threshold:
+  if reachable < threshold and (threshold, int(limit)) not in _LOWERED:  # said once, not once per harness
+    _LOWERED.add((threshold, int(limit)))
     log.info("summarization threshold %d lowered to %d: the policy accepts prompts of at most %d tokens",
              threshold, reachable, limit)
   return min(threshold, reachable)
+
+
+_LOWERED: set[tuple[int, int]] = set()  # (threshold, prompt limit) pairs summarize_threshold has logged
 
 
 def build_segment(index: int, turns: Sequence[Turn]) -> Segment:

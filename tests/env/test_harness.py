@@ -149,3 +149,25 @@ def test_xml_harness(docker_client, settings, fixture_tasks, tokenizer, renderer
   assert r.success == 1 and r.harness == "xml" and r.stop_reason == STOP_DONE
   assert r.turns[1].observation == '<output exit_code="0">\n3\n</output>'
   assert "<command>" in h.system_prompt() and "JSON" not in h.system_prompt()
+
+
+def test_a_lowered_summarization_threshold_is_logged_once_not_once_per_harness(caplog):
+  """Every RSR funnel builds hundreds of harnesses over one sampler: the lowered threshold is said once (a
+  learning-check run's log had it 868 times), and a new limit is said again."""
+  import logging
+
+  from rsi_jax.env.harness import summarize_threshold
+
+  class Small:
+    max_prompt_tokens = 4_567
+
+  class Smaller:
+    max_prompt_tokens = 3_001
+
+  with caplog.at_level(logging.INFO, logger="rsi_jax.env.harness"):
+    assert [summarize_threshold(32_000, Small()) for _ in range(5)] == [4_567 - 512] * 5
+    assert summarize_threshold(32_000, Smaller()) == 3_001 - 512
+  said = [r.getMessage() for r in caplog.records if "lowered" in r.getMessage()]
+  assert said == ["summarization threshold 32000 lowered to 4055: the policy accepts prompts of at most 4567 "
+                  "tokens", "summarization threshold 32000 lowered to 2489: the policy accepts prompts of at most "
+                  "3001 tokens"]
