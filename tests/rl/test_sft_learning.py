@@ -92,69 +92,90 @@ def reply(item) -> str:
   return json.dumps({"command": command(item)})
 
 
-def prompt_ids(renderer, item) -> list[int]:
-  return [int(i) for i in renderer.render([{"role": "user", "content": instruction(item)}],
-                                          add_generation_prompt=True).ids]
+def pair(item) -> tuple[str, str]:
+  """(user instruction, reply): what the check trains on and evaluates."""
+  return instruction(item), reply(item)
 
 
-def episode(tokenizer, renderer, item, index: int):
-  """One training trajectory, recorded the way the harness records a turn (token-in, token-out)."""
+def prompt_ids(renderer, text: str) -> list[int]:
+  """The prompt for one instruction: the user message and the generation prompt."""
+  return [int(i) for i in renderer.render([{"role": "user", "content": text}], add_generation_prompt=True).ids]
+
+
+def episode(tokenizer, renderer, example: tuple[str, str], index: int):
+  """One training trajectory from an (instruction, reply) pair, recorded the way the harness records a turn
+  (token-in, token-out)."""
   from rsi_jax.env.harness import TURN_ACTION, ScriptedPolicy, Turn, build_segment
   from rsi_jax.policy import SamplingParams
   from rsi_jax.rl.batch import episode_samples
-  prompt = prompt_ids(renderer, item)
-  comp = ScriptedPolicy(tokenizer, [reply(item)]).generate(prompt, SamplingParams(max_new_tokens=64))
+  prompt = prompt_ids(renderer, example[0])
+  comp = ScriptedPolicy(tokenizer, [example[1]]).generate(prompt, SamplingParams(max_new_tokens=128))
   turn = Turn(0, 0, TURN_ACTION, np.asarray(prompt, np.int32), np.asarray(comp.token_ids, np.int32),
               np.asarray(comp.logprobs, np.float32), comp.finish_reason, comp.weight_version)
   return episode_samples([build_segment(0, [turn])], index)
 
 
-def make_config():
+def make_config(seq_len: int = SEQ_LEN, batch: int = BATCH, epochs: int = EPOCHS, overrides=()):
   return load_config(CONFIG_DIR / "smoke.yml", [
-      "mesh.ici_fsdp_parallelism=1", "mesh.ici_tensor_parallelism=1", f"model.max_target_length={SEQ_LEN}",
-      f"actor_optim.learning_rate={LEARNING_RATE}", f"rl.pad_multiple={SEQ_LEN}",
-      f"rollout.global_batch={BATCH}", f"rollout.requested={BATCH}", f"pipeline.sft_epochs={EPOCHS}",
+      "mesh.ici_fsdp_parallelism=1", "mesh.ici_tensor_parallelism=1", f"model.max_target_length={seq_len}",
+      f"actor_optim.learning_rate={LEARNING_RATE}", f"rl.pad_multiple={seq_len}",
+      f"rl.per_device_token_budget={128 * seq_len}",
+      f"rollout.global_batch={batch}", f"rollout.requested={batch}", f"pipeline.sft_epochs={epochs}",
       f"run.seed={SEED}",
-      # the sampler: 8 slots (one per test device: MaxText's per-device batch), prompts <= 32 tokens
-      "sampler.num_slots=8", "sampler.max_prefill_length=32", "sampler.prefill_buckets=[32]",
-      "sampler.max_cache_length=64", "sampler.attention_block=64"])
+      # the sampler: 8 slots (one per test device: MaxText's per-device batch), prompts <= seq_len tokens
+      "sampler.num_slots=8", f"sampler.max_prefill_length={seq_len}", f"sampler.prefill_buckets=[{seq_len}]",
+      f"sampler.max_cache_length={2 * seq_len}", f"sampler.attention_block={2 * seq_len}", *overrides])
 
 
 class SFTCheck:
   """One tiny actor, one compiled train step and one sampler, shared by the runs. Every run starts from the
-  same fresh weights (``run.seed``) and sees the same batches, so two runs differ only in their masks."""
+  same fresh weights (``run.seed``) and sees the same batches, so two runs differ only in their masks (or,
+  with ``train(examples)``, their data).
 
-  def __init__(self, tokenizer, renderer):
+  ``train`` / ``held``: (instruction, reply) pairs (default: this module's templates, :func:`split`);
+  ``seq_len``: every row padded to it; ``max_new_tokens``: the evaluation's reply limit; ``overrides``: further
+  ``key=value`` config overrides (e.g. the model's size)."""
+
+  def __init__(self, tokenizer, renderer, train=None, held=None, *, seq_len: int = SEQ_LEN, batch: int = BATCH,
+               epochs: int = EPOCHS, max_new_tokens: int = 24, overrides=()):
     from rsi_jax.models import Actor, build_mesh, make_optimizer, make_train_step, masked_nll_loss
-    self.cfg = make_config()
+    self.cfg = make_config(seq_len, batch, epochs, overrides)
+    self.seq_len, self.batch, self.max_new_tokens = seq_len, batch, max_new_tokens
     self.tok, self.renderer = tokenizer, renderer
     self.actor = Actor(self.cfg, build_mesh(self.cfg, jax.devices()[:1]))
     self.opt = make_optimizer(self.cfg.actor_optim)
     self.step = make_train_step(self.actor, self.opt, masked_nll_loss(self.actor))
-    self.train_items, self.held_items = split()
-    self.episodes = [episode(tokenizer, renderer, it, k) for k, it in enumerate(self.train_items)]
+    if train is None:
+      train, held = ([pair(it) for it in part] for part in split())
+    self.train_pairs, self.held_pairs = list(train), list(held)
+    self.episodes = self.make_episodes(self.train_pairs)
     self.sampler = None
 
   def close(self):
     if self.sampler is not None:
       self.sampler.close()
 
-  def train(self, mask_shift: int = 0):
+  def make_episodes(self, pairs):
+    return [episode(self.tok, self.renderer, p, k) for k, p in enumerate(pairs)]
+
+  def train(self, mask_shift: int = 0, episodes=None):
     """SFT from the fresh weights; ``mask_shift``: the batch's gen_mask rolled by this many positions along
-    time (0: the correct run). Returns (actor params, nll per generated token of every update)."""
+    time (0: the correct run); ``episodes``: train on these instead (:meth:`make_episodes`). Returns (actor
+    params, nll per generated token of every update)."""
     from rsi_jax.models import init_train_state
     from rsi_jax.models.actor import target_index
     from rsi_jax.rl.batch import assemble_batch
     from rsi_jax.rsr.funnel import QClean
     cfg = self.cfg
     state = init_train_state(self.actor, self.opt, self.actor.init(jax.random.key(cfg.run.seed)))
-    order = QClean([{"index": k} for k in range(len(self.episodes))])
+    episodes = self.episodes if episodes is None else episodes
+    order = QClean([{"index": k} for k in range(len(episodes))])
     losses = []
     for idx in order.batches(cfg.run.seed, cfg.pipeline.sft_epochs, cfg.rollout.global_batch):
-      eps = [self.episodes[int(k)] for k in idx]
+      eps = [episodes[int(k)] for k in idx]
       batch = assemble_batch(eps, [1.0] * len(eps), pad_multiple=cfg.rl.pad_multiple, pad_id=self.tok.pad_id,
                              num_rows=cfg.rollout.global_batch)
-      assert batch.tokens.shape == (BATCH, SEQ_LEN), batch.tokens.shape
+      assert batch.tokens.shape == (self.batch, self.seq_len), batch.tokens.shape
       mask = batch.gen_mask
       if mask_shift:
         edge = mask[:, -mask_shift:] if mask_shift > 0 else mask[:, :-mask_shift]
@@ -167,28 +188,28 @@ class SFTCheck:
     assert int(state.step) == len(losses)
     return state.actor, np.asarray(losses)
 
-  def exact_match(self, params, items=None) -> tuple[float, list[str]]:
-    """Share of ``items`` (default: the held-out ones) whose greedy reply ends with ``<|im_end|>`` and, decoded
-    without it, is exactly the expected JSON action. Also the decoded replies."""
+  def exact_match(self, params, pairs=None) -> tuple[float, list[str]]:
+    """Share of ``pairs`` (default: the held-out ones) whose greedy reply ends with ``<|im_end|>`` and, decoded
+    without it, is exactly the expected reply. Also the decoded replies."""
     from rsi_jax import policy as P
     from rsi_jax.sampler.server import SamplerServer
-    items = self.held_items if items is None else items
+    pairs = self.held_pairs if pairs is None else pairs
     if self.sampler is None:  # the pipeline's sampler (RunContext.serve): built once, then hot-swapped
       self.sampler = SamplerServer.from_config(self.cfg, params, tokenizer=self.tok)
     else:
       self.sampler.update_weights(params)
       assert self.sampler.wait_swapped(timeout=120)
-    greedy = P.SamplingParams(temperature=0.0, max_new_tokens=24)
-    futs = [self.sampler.submit(prompt_ids(self.renderer, it), greedy) for it in items]
+    greedy = P.SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
+    futs = [self.sampler.submit(prompt_ids(self.renderer, ins), greedy) for ins, _ in pairs]
     hits, texts = 0, []
-    for it, f in zip(items, futs):
+    for (_, expected), f in zip(pairs, futs):
       c = f.result(timeout=300)
       ids = [int(i) for i in c.token_ids]
       ended = c.finish_reason == P.FINISH_EOS and bool(ids) and ids[-1] == self.tok.im_end_id
       text = self.tok.decode(ids[:-1] if ended else ids)
       texts.append(text)
-      hits += ended and text == reply(it)
-    return hits / len(items), texts
+      hits += ended and text == expected
+    return hits / len(pairs), texts
 
 
 @pytest.fixture(scope="module")
@@ -215,9 +236,9 @@ def test_samples_train_exactly_the_json_action(tok_renderer):
   for t in range(len(TEMPLATES)):
     assert {f for u, f, _ in train if u == t} == set(FILES) and {w for u, _, w in train if u == t} == set(WORDS)
   for k, item in enumerate(train[:5] + held[:5]):
-    (s,) = episode(tok, renderer, item, k)
+    (s,) = episode(tok, renderer, pair(item), k)
     assert parse_json_action(reply(item)).command == command(item)
-    p = prompt_ids(renderer, item)
+    p = prompt_ids(renderer, instruction(item))
     n = len(p)
     np.testing.assert_array_equal(s.ids[:n], p)
     assert not s.gen_mask[:n].any() and s.gen_mask[n:].all() and len(s.ids) <= SEQ_LEN
@@ -231,7 +252,7 @@ def test_sft_learns_held_out_json_actions(check):
   """Correct masks: >= 90 % held-out exact match after 105 updates, the loss down by orders of magnitude."""
   params, losses = check.train()
   em, texts = check.exact_match(params)
-  misses = [(reply(it), t) for it, t in zip(check.held_items, texts) if t != reply(it)]
+  misses = [(r, t) for (_, r), t in zip(check.held_pairs, texts) if t != r]
   print(f"correct mask: {len(losses)} updates, nll/token {losses[0]:.3g} -> {losses[-10:].mean():.3g} (last 10), "
         f"held-out exact match {em:.3f}")
   assert len(losses) == 105

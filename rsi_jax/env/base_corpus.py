@@ -1,0 +1,168 @@
+"""The stand-in Base's generated corpus: broad single-turn (instruction -> one shell command) pairs that teach a
+from-scratch tiny model to copy an instruction's values into the command it writes.
+
+A pre-trained base model reads "copy /app/x to /app/y" and writes ``cp /app/x /app/y`` for any x and y; the
+learning check's tiny model, trained from random weights on a few dozen demonstrations per template, learns
+each template's program but copies the instruction's parameters only partly (the wrong-argument failures of
+``scripts/learn_check_table.py``). This corpus is what it learns first, so that its Base behaves like a
+pre-trained one in that respect. It is a STAND-IN for pre-training, labelled as such wherever it is used.
+
+* :data:`SHAPES`: many programs and argument shapes (files, directories, words, numbers; one to three values;
+  single commands and two-step ``&&`` procedures), each with two or three phrasings of its instruction;
+* :func:`value_pools`: the values the corpus draws from (thousands of words), and values kept out of it, on
+  which copying is measured. Neither shares a value with the learning check's tasks (:mod:`rsi_jax.env.learn_tasks`' names
+  and words), so no corpus pair is one of the check's train, held-out or base task combinations;
+* :func:`pairs`: ``n`` seeded pairs; ``broken=True`` is the broken variant: the same instructions and
+  programs, but each command's values drawn afresh (the format without the copying), which must not teach
+  copying.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+
+from rsi_jax.env import learn_tasks
+
+NUMBERS = tuple(range(2, 40))
+
+
+def value_pools(tokenizer) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """(corpus values, unseen values): the lowercase words of 4-9 letters that the tokenizer holds as one token
+  with a leading space (about 18,700 for Qwen3), less the learning check's own names and words and the shapes'
+  own words (programs, "file", ...); one in ten
+  (by a hash of the word, the same on every machine) is kept out of the corpus, to measure copying on.
+  Drawing from thousands of values, the model cannot recall a value from training: it has to copy it."""
+  import hashlib
+  words = sorted({w[1:] for w in tokenizer._tok.get_vocab()
+                  if w.startswith("\u0120") and re.fullmatch(r"[a-z]{4,9}", w[1:])} - CHECK_VALUES - shape_words())
+  unseen = {w for w in words if hashlib.sha256(w.encode()).digest()[0] % 10 == 0}
+  return tuple(w for w in words if w not in unseen), tuple(sorted(unseen))
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  """One program and argument shape: instruction phrasings and the command, over named slots (``a``, ``b``,
+  ``c``: values used as file or directory names; ``w``, ``v``: values used as words; ``n``: a number)."""
+  name: str
+  phrasings: tuple[str, ...]
+  command: str
+
+  @property
+  def slots(self) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(re.findall(r"\{(\w)\}", self.command)))
+
+
+SHAPES = (
+    Shape("echo-new", ("Put the single word {w} in the file /app/{a}.txt",
+                       "Write {w} to /app/{a}.txt, replacing what it holds"), "echo {w} > /app/{a}.txt"),
+    Shape("echo-append", ("Add a line {w} at the end of /app/{a}.log", "Append the word {w} to /app/{a}.log"),
+          "echo {w} >> /app/{a}.log"),
+    Shape("printf-two", ("Write two lines, {w} then {v}, to /app/{a}.txt",
+                         "Make /app/{a}.txt hold the lines {w} and {v}"), "printf '{w}\\n{v}\\n' > /app/{a}.txt"),
+    Shape("cp", ("Duplicate /app/{a}.csv as /app/{b}.csv", "Make a copy of /app/{a}.csv named /app/{b}.csv"),
+          "cp /app/{a}.csv /app/{b}.csv"),
+    Shape("cp-dir", ("Copy the folder /app/{a} with everything in it to /app/{b}",
+                     "Recursively copy /app/{a} to /app/{b}"), "cp -r /app/{a} /app/{b}"),
+    Shape("mv", ("Rename /app/{a}.txt to /app/{b}.txt", "Move the file /app/{a}.txt to /app/{b}.txt"),
+          "mv /app/{a}.txt /app/{b}.txt"),
+    Shape("rm", ("Delete the file /app/{a}.tmp", "Remove /app/{a}.tmp"), "rm -f /app/{a}.tmp"),
+    Shape("touch", ("Create an empty file /app/{a}.md", "Make a new empty file called /app/{a}.md"),
+          "touch /app/{a}.md"),
+    Shape("mkdir", ("Make a folder named {a} inside /app/{b}", "Create the folder /app/{b}/{a}"),
+          "mkdir -p /app/{b}/{a}"),
+    Shape("mkdir-two", ("Create the folders /app/{a} and /app/{b}", "Make two directories, /app/{a} and /app/{b}"),
+          "mkdir -p /app/{a} /app/{b}"),
+    Shape("ls", ("List what is in the folder /app/{a}", "Show the files in /app/{a}"), "ls /app/{a}"),
+    Shape("cat", ("Print the file /app/{a}.txt", "Show the contents of /app/{a}.txt"), "cat /app/{a}.txt"),
+    Shape("cat-join", ("Join /app/{a}.txt and /app/{b}.txt into /app/{c}.txt",
+                       "Concatenate /app/{a}.txt then /app/{b}.txt and save it as /app/{c}.txt"),
+          "cat /app/{a}.txt /app/{b}.txt > /app/{c}.txt"),
+    Shape("head", ("Save the first {n} lines of /app/{a}.log to /app/{b}.log",
+                   "Keep the top {n} lines of /app/{a}.log in /app/{b}.log"), "head -n {n} /app/{a}.log > /app/{b}.log"),
+    Shape("tail", ("Show the last {n} lines of /app/{a}.log", "Print the final {n} lines of /app/{a}.log"),
+          "tail -n {n} /app/{a}.log"),
+    Shape("wc-words", ("Count the words in /app/{a}.txt and write the count to /app/{b}.txt",
+                       "Store the word count of /app/{a}.txt in /app/{b}.txt"), "wc -w < /app/{a}.txt > /app/{b}.txt"),
+    Shape("wc-lines", ("How many lines does /app/{a}.csv have? Print the number",
+                       "Print the line count of /app/{a}.csv"), "wc -l < /app/{a}.csv"),
+    Shape("sort", ("Sort the lines of /app/{a}.txt into /app/{b}.txt",
+                   "Write /app/{a}.txt sorted to /app/{b}.txt"), "sort /app/{a}.txt > /app/{b}.txt"),
+    Shape("uniq", ("Write the distinct lines of /app/{a}.txt to /app/{b}.txt",
+                   "Save /app/{a}.txt without repeated lines as /app/{b}.txt"), "sort -u /app/{a}.txt > /app/{b}.txt"),
+    Shape("lower", ("Convert /app/{a}.txt to lower case and save it as /app/{b}.txt",
+                    "Write /app/{a}.txt in small letters to /app/{b}.txt"), "tr A-Z a-z < /app/{a}.txt > /app/{b}.txt"),
+    Shape("upper", ("Turn the text of /app/{a}.md into capitals in /app/{b}.md",
+                    "Save an all-caps version of /app/{a}.md as /app/{b}.md"), "tr a-z A-Z < /app/{a}.md > /app/{b}.md"),
+    Shape("grep", ("Print the lines of /app/{a}.log that mention {w}", "Show which lines in /app/{a}.log contain {w}"),
+          "grep {w} /app/{a}.log"),
+    Shape("grep-save", ("Collect the lines containing {w} from /app/{a}.log into /app/{b}.log",
+                        "Save every line of /app/{a}.log with {w} in it to /app/{b}.log"),
+          "grep {w} /app/{a}.log > /app/{b}.log"),
+    Shape("grep-v", ("Write the lines of /app/{a}.txt without {w} to /app/{b}.txt",
+                     "Drop the lines mentioning {w} from /app/{a}.txt, saving the rest as /app/{b}.txt"),
+          "grep -v {w} /app/{a}.txt > /app/{b}.txt"),
+    Shape("grep-count", ("Count the lines of /app/{a}.log containing {w}",
+                         "How many lines of /app/{a}.log mention {w}?"), "grep -c {w} /app/{a}.log"),
+    Shape("sed", ("Replace every {w} with {v} in /app/{a}.txt", "In /app/{a}.txt change each {w} to {v}"),
+          "sed -i 's/{w}/{v}/g' /app/{a}.txt"),
+    Shape("find", ("Find the files named {a}.txt anywhere under /app", "Locate every {a}.txt below /app"),
+          "find /app -name {a}.txt"),
+    Shape("chmod", ("Make /app/{a}.sh executable", "Give /app/{a}.sh execute permission"), "chmod +x /app/{a}.sh"),
+    Shape("tar", ("Pack the folder /app/{a} into the archive /app/{b}.tar.gz",
+                  "Compress /app/{a} as /app/{b}.tar.gz"), "tar -czf /app/{b}.tar.gz -C /app {a}"),
+    Shape("ln", ("Create a symbolic link /app/{b} pointing to /app/{a}", "Link /app/{b} to /app/{a} symbolically"),
+          "ln -s /app/{a} /app/{b}"),
+    Shape("mkdir-echo", ("Create the folder /app/{a}, then write {w} into /app/{a}/{b}.txt",
+                         "Make /app/{a} and put the word {w} in a file {b}.txt inside it"),
+          "mkdir -p /app/{a} && echo {w} > /app/{a}/{b}.txt"),
+    Shape("cd-touch", ("Go to /app/{a} and create an empty file {b}.txt there",
+                       "In the folder /app/{a}, make the empty file {b}.txt"), "cd /app/{a} && touch {b}.txt"),
+    Shape("cp-rm", ("Move /app/{a}.csv to /app/{b}.csv by copying it and deleting the original",
+                    "Copy /app/{a}.csv to /app/{b}.csv, then remove /app/{a}.csv"),
+          "cp /app/{a}.csv /app/{b}.csv && rm /app/{a}.csv"),
+    Shape("sort-head", ("Write the first {n} lines of /app/{a}.txt, sorted, to /app/{b}.txt",
+                        "Sort /app/{a}.txt and keep its top {n} lines in /app/{b}.txt"),
+          "sort /app/{a}.txt | head -n {n} > /app/{b}.txt"),
+)
+
+# the learning check's own vocabulary, which no corpus value may be
+CHECK_VALUES = frozenset(learn_tasks.NAMES) | frozenset(learn_tasks.WORDS) | frozenset(learn_tasks.LOG_WORDS)
+
+
+def shape_words() -> frozenset[str]:
+  """The words of the shapes' own text (programs, options, "file", ...): never a value, so that a value in a
+  command is always one the instruction gave."""
+  return frozenset(w for s in SHAPES for t in (s.command, *s.phrasings)
+                   for w in re.findall(r"[a-z]+", re.sub(r"\{\w\}", " ", t)))
+
+
+def _draw(rng: random.Random, values) -> dict:
+  words = rng.sample(list(values), 5)
+  drawn = dict(zip("abcwv", words))
+  drawn["n"] = rng.choice(NUMBERS)
+  return drawn
+
+
+def pairs(n: int, seed: int, values, *, broken: bool = False) -> list[tuple[str, str]]:
+  """``n`` (instruction, command) pairs, seeded: shapes in turn (each shape equally often), a random phrasing,
+  distinct values drawn from ``values`` (:func:`value_pools`). ``broken``: the command's values drawn afresh, independently of the
+  instruction's (the broken variant)."""
+  if set(values) & CHECK_VALUES:
+    raise ValueError(f"corpus values shared with the learning check's tasks: {sorted(set(values) & CHECK_VALUES)}")
+  rng = random.Random(f"base-corpus-{seed}")
+  wrong = random.Random(f"base-corpus-{seed}-broken")  # its own stream: the broken variant's instructions are the same
+  out = []
+  for k in range(n):
+    shape = SHAPES[k % len(SHAPES)]
+    said = _draw(rng, values)
+    done = _draw(wrong, values) if broken else said
+    out.append((rng.choice(shape.phrasings).format(**said), shape.command.format(**done)))
+  return out
+
+
+def reply(command: str) -> str:
+  """The json harness's action for a corpus command (as the learning check's scripted Base demonstrations)."""
+  return json.dumps({"command": command, "done": False})

@@ -1,0 +1,76 @@
+"""Does the stand-in Base's corpus (rsi_jax.env.base_corpus) teach copying? Trains the tiny model from its random
+init on N corpus pairs (the SFT learning check's harness: tests/rl/test_sft_learning.py's ``SFTCheck``, the RSR
+phase's samples, batches, loss and update) and prints, every K updates, greedy exact match on pairs whose values
+the corpus never holds (``unseen``) and on new pairs over the corpus's own values (``seen, new pairs``).
+
+Usage: .venv/bin/python scripts/base_corpus_check.py [--pairs 6000] [--batch 16] [--epochs 1] [--every 75]
+       [--eval 68] [--broken] [key=value ...]      (key=value: config overrides, e.g. model.base_emb_dim=128)
+
+``--broken``: the corpus's broken variant (each command's values drawn afresh, not copied), which must not
+teach copying. Writes nothing; the figures go into the issue note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--pairs", type=int, default=6000)
+  ap.add_argument("--batch", type=int, default=16)
+  ap.add_argument("--epochs", type=int, default=1)
+  ap.add_argument("--every", type=int, default=75)
+  ap.add_argument("--eval", type=int, default=68, help="evaluation pairs per kind")
+  ap.add_argument("--broken", action="store_true")
+  ap.add_argument("overrides", nargs="*")
+  a = ap.parse_args(argv)
+  import jax
+
+  from rsi_jax.env import base_corpus as bc
+  from rsi_jax.models import ChatRenderer, init_train_state, load_tokenizer
+  from rsi_jax.models.actor import target_index
+  from rsi_jax.rl.batch import assemble_batch
+  from rsi_jax.rsr.funnel import QClean
+  from tests.rl.test_sft_learning import SFTCheck
+
+  tok = load_tokenizer()
+  seen, unseen = bc.value_pools(tok)
+  as_reply = lambda ps: [(i, bc.reply(c)) for i, c in ps]  # noqa: E731
+  train = as_reply(bc.pairs(a.pairs, 0, seen, broken=a.broken))
+  held = {"unseen": as_reply(bc.pairs(a.eval, 1, unseen)), "seen, new pairs": as_reply(bc.pairs(a.eval, 2, seen))}
+  print(f"corpus: {a.pairs} pairs over {len(seen)} values, {len(bc.SHAPES)} shapes"
+        f"{' (broken: values not copied)' if a.broken else ''}; {len(unseen)} values kept out", flush=True)
+  check = SFTCheck(tok, ChatRenderer(tok), train, held["unseen"], seq_len=80, batch=a.batch, epochs=a.epochs,
+                   max_new_tokens=48, overrides=a.overrides)
+  cfg = check.cfg
+  state = init_train_state(check.actor, check.opt, check.actor.init(jax.random.key(cfg.run.seed)))
+  t0, n = time.time(), 0
+  try:
+    for idx in QClean([{}] * len(check.episodes)).batches(cfg.run.seed, a.epochs, a.batch):
+      eps = [check.episodes[int(k)] for k in idx]
+      b = assemble_batch(eps, [1.0] * len(eps), pad_multiple=cfg.rl.pad_multiple, pad_id=tok.pad_id,
+                         num_rows=a.batch)
+      state, _, aux = check.step(state, {"tokens": b.tokens, "positions": b.positions, "segment_ids": b.segment_ids,
+                                         "mask": b.gen_mask, "loss_index": target_index(b.gen_mask)})
+      n += 1
+      if n % a.every == 0:
+        train_s = time.time() - t0
+        scores = {k: check.exact_match(state.actor, v) for k, v in held.items()}
+        print(f"update {n} ({train_s:.0f} s): nll/token {float(aux['nll_per_token']):.3f}; "
+              + "; ".join(f"{k} {em:.3f}" for k, (em, _) in scores.items()), flush=True)
+        em, texts = scores["unseen"]
+        for (_, want), got in [(p, t) for p, t in zip(held["unseen"], texts) if p[1] != t][:2]:
+          print(f"  want {want}\n  got  {got}", flush=True)
+  finally:
+    check.close()
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

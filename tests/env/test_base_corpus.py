@@ -1,0 +1,57 @@
+"""The stand-in Base's corpus (rsi_jax.env.base_corpus): every command is copyable from its instruction, no value is
+the learning check's, the unseen values never occur in the corpus, and the broken variant keeps the programs
+but not the values."""
+
+import re
+
+import pytest
+
+from rsi_jax.env import base_corpus as bc
+from rsi_jax.env import learn_tasks
+
+
+@pytest.fixture(scope="module")
+def pools(tokenizer):
+  return bc.value_pools(tokenizer)
+
+
+def test_every_command_value_is_in_every_phrasing_of_its_instruction():
+  assert len(bc.SHAPES) >= 30 and len({s.name for s in bc.SHAPES}) == len(bc.SHAPES)
+  assert len({s.command.split()[0] for s in bc.SHAPES}) >= 20  # many programs
+  for s in bc.SHAPES:
+    assert s.slots and len(s.phrasings) >= 2, s.name
+    for p in s.phrasings:
+      assert set(re.findall(r"\{(\w)\}", p)) == set(s.slots), (s.name, p)
+
+
+def test_value_pools_are_large_disjoint_and_hold_none_of_the_check_values(pools):
+  seen, unseen = pools
+  assert len(seen) > 10_000 and len(unseen) > 1_000 and not set(seen) & set(unseen)
+  check = set(learn_tasks.NAMES) | set(learn_tasks.WORDS) | set(learn_tasks.LOG_WORDS)
+  assert not (set(seen) | set(unseen)) & check
+  assert all(re.fullmatch(r"[a-z]{4,9}", w) for w in seen + unseen)
+  with pytest.raises(ValueError, match="shared with the learning check's tasks: \\['alpha'\\]"):
+    bc.pairs(4, 0, seen[:10] + ("alpha",))
+
+
+def test_pairs_are_seeded_cover_every_shape_and_copy_the_instruction(pools):
+  seen, unseen = pools
+  ps = bc.pairs(2 * len(bc.SHAPES), 0, seen)
+  assert ps == bc.pairs(2 * len(bc.SHAPES), 0, seen) != bc.pairs(2 * len(bc.SHAPES), 1, seen)
+  assert {s.name for s in bc.SHAPES} == {bc.SHAPES[k % len(bc.SHAPES)].name for k in range(len(ps))}
+  words = set(seen)
+  for instruction, command in ps:
+    used = [w for w in re.findall(r"[a-z]+", command) if w in words]
+    assert used and all(w in instruction for w in used), (instruction, command)
+  assert not {w for _, c in ps for w in re.findall(r"[a-z]+", c)} & set(unseen)
+  assert bc.reply("ls /app/x") == '{"command": "ls /app/x", "done": false}'
+
+
+def test_the_broken_variant_keeps_instructions_and_programs_but_not_the_values(pools):
+  seen, _ = pools
+  good, broken = bc.pairs(200, 0, seen), bc.pairs(200, 0, seen, broken=True)
+  assert [i for i, _ in good] == [i for i, _ in broken]
+  assert [c.split()[0] for _, c in good] == [c.split()[0] for _, c in broken]
+  words = set(seen)
+  copied = sum(all(w in i for w in re.findall(r"[a-z]+", c) if w in words) for i, c in broken)
+  assert copied <= 2, copied  # a value drawn afresh is (almost) never the instruction's
