@@ -13,6 +13,7 @@ from __future__ import annotations
 import _thread
 import math
 import os
+import signal
 import sys
 import textwrap
 import threading
@@ -46,10 +47,30 @@ class _RedeliverInterrupt:
     self.before(u)
 
 
+_CTRL_C = threading.Event()  # set by _note_ctrl_c: a Ctrl-C arrived (whatever became of its KeyboardInterrupt)
+
+
+def _note_ctrl_c(signum, frame):
+  _CTRL_C.set()
+  signal.default_int_handler(signum, frame)
+
+
 def keep_ctrl_c() -> None:
-  """Never lose a Ctrl-C (:class:`_RedeliverInterrupt`); called first by the long-running entry points."""
+  """Never lose a Ctrl-C: one that lands where Python can only report it is delivered again
+  (:class:`_RedeliverInterrupt`), and every Ctrl-C is noted (:func:`ctrl_c_seen`), for library code that turns
+  the KeyboardInterrupt into an error of its own. Called first by the long-running entry points; a SIGINT that
+  is ignored (a background job) stays ignored."""
   if not isinstance(sys.unraisablehook, _RedeliverInterrupt):
     sys.unraisablehook = _RedeliverInterrupt(sys.unraisablehook)
+  if (threading.current_thread() is threading.main_thread()
+      and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+    signal.signal(signal.SIGINT, _note_ctrl_c)
+
+
+def ctrl_c_seen() -> bool:
+  """Whether a Ctrl-C arrived since :func:`keep_ctrl_c` (e.g. while MaxText's imports build pydantic models: pydantic
+  reports it as a ``SchemaError``)."""
+  return _CTRL_C.is_set()
 
 
 def flag_values() -> flags.FlagValues:

@@ -48,9 +48,17 @@ def run_program(config_path: str, overrides, after=None, distributed: bool = Fal
   try:
     return _run_program(config_path, overrides, after, distributed)
   except KeyboardInterrupt:  # Ctrl-C before the run could checkpoint (start-up), or a second Ctrl-C
-    print("interrupted (Ctrl-C): stopped before a checkpoint could be written; rerun the same command to resume "
-          "from the newest one", file=sys.stderr, flush=True)
+    print(INTERRUPTED, file=sys.stderr, flush=True)
     return 130
+  except Exception:
+    if cli.ctrl_c_seen():  # a Ctrl-C that library code turned into its own error (e.g. while importing MaxText)
+      print(INTERRUPTED, file=sys.stderr, flush=True)
+      return 130
+    raise
+
+
+INTERRUPTED = ("interrupted (Ctrl-C): stopped before a checkpoint could be written; rerun the same command to resume "
+               "from the newest one")
 
 
 def _run_program(config_path: str, overrides, after, distributed: bool) -> int:
@@ -115,6 +123,9 @@ def _run_program(config_path: str, overrides, after, distributed: bool) -> int:
       return 1
     except Exception as e:  # noqa: BLE001 - the console gets the reason, the log the traceback
       logging.error("run failed:\n%s", traceback.format_exc())
+      if cli.ctrl_c_seen():  # a Ctrl-C that library code turned into its own error: still a Ctrl-C
+        print(INTERRUPTED, file=out.console_err, flush=True)
+        return 130
       full = _disk_full(e)
       if full is not None:
         where = full or run_dir

@@ -136,3 +136,40 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path):
   assert lines == ["interrupted (Ctrl-C): stopped before a checkpoint could be written; rerun the same command to "
                    "resume from the newest one"], err[-3000:]
   assert "Traceback" not in out + err
+
+
+# What a loaded CI machine showed: the Ctrl-C landed while MaxText's imports built a pydantic model, and pydantic-core
+# reported it as its own error ("SchemaError: Error building ... KeyboardInterrupt"), which the program took for a
+# failure ("run failed: SchemaError", exit 1). Here the same wrapping, at the same place in the start-up.
+_WRAPPED_CTRL_C = """
+import pathlib, sys, time
+from rsi_jax import cli, train
+from rsi_jax.pipeline import driver
+
+class Wrapping:
+  def __init__(self, *a, **k):
+    try:
+      pathlib.Path(sys.argv[1], "ready").write_text("")
+      time.sleep(60)  # the Ctrl-C arrives here
+    except KeyboardInterrupt as e:  # what pydantic-core does while it builds a schema
+      raise RuntimeError(f"Error building validator: KeyboardInterrupt: {e}") from None
+
+driver.Driver = Wrapping
+cli.keep_ctrl_c()
+sys.exit(train.run_program("configs/smoke.yml", ["run.progress=false", f"run.output_dir={sys.argv[1]}"]))
+"""
+
+
+def test_a_ctrl_c_that_a_library_wraps_in_its_own_error_is_still_a_ctrl_c(tmp_path):
+  p = subprocess.Popen([sys.executable, "-c", _WRAPPED_CTRL_C, str(tmp_path)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, env=dict(os.environ, **ENV))
+  deadline = time.time() + 120
+  while not (tmp_path / "ready").exists() and p.poll() is None and time.time() < deadline:
+    time.sleep(0.1)
+  assert (tmp_path / "ready").exists(), p.communicate(timeout=10)
+  p.send_signal(signal.SIGINT)
+  out, err = p.communicate(timeout=60)
+  assert p.returncode == 130, (out, err[-3000:])
+  assert [x for x in err.splitlines() if x.strip()] == [
+      "interrupted (Ctrl-C): stopped before a checkpoint could be written; rerun the same command to resume from "
+      "the newest one"], err[-3000:]
