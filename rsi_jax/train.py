@@ -123,9 +123,8 @@ def _run_program(config_path: str, overrides, after, distributed: bool) -> int:
       return 1
     except Exception as e:  # noqa: BLE001 - the console gets the reason, the log the traceback
       logging.error("run failed:\n%s", traceback.format_exc())
-      if cli.ctrl_c_seen():  # a Ctrl-C that library code turned into its own error: still a Ctrl-C
-        print(INTERRUPTED, file=out.console_err, flush=True)
-        return 130
+      if cli.ctrl_c_seen():  # a Ctrl-C that library code turned into its own error: run_program reports it
+        raise
       full = _disk_full(e)
       if full is not None:
         where = full or run_dir

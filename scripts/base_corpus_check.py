@@ -30,13 +30,8 @@ def main(argv=None) -> int:
   ap.add_argument("--broken", action="store_true")
   ap.add_argument("overrides", nargs="*")
   a = ap.parse_args(argv)
-  import jax
-
   from rsi_jax.env import base_corpus as bc
-  from rsi_jax.models import ChatRenderer, init_train_state, load_tokenizer
-  from rsi_jax.models.actor import target_index
-  from rsi_jax.rl.batch import assemble_batch
-  from rsi_jax.rsr.funnel import QClean
+  from rsi_jax.models import ChatRenderer, load_tokenizer
   from tests.rl.test_sft_learning import SFTCheck
 
   tok = load_tokenizer()
@@ -48,25 +43,21 @@ def main(argv=None) -> int:
         f"{' (broken: values not copied)' if a.broken else ''}; {len(unseen)} values kept out", flush=True)
   check = SFTCheck(tok, ChatRenderer(tok), train, held["unseen"], seq_len=80, batch=a.batch, epochs=a.epochs,
                    max_new_tokens=48, overrides=a.overrides)
-  cfg = check.cfg
-  state = init_train_state(check.actor, check.opt, check.actor.init(jax.random.key(cfg.run.seed)))
-  t0, n = time.time(), 0
+  t0 = time.time()
+
+  def report(n, state, aux):
+    if n % a.every:
+      return
+    train_s = time.time() - t0
+    scores = {k: check.exact_match(state.actor, v) for k, v in held.items()}
+    print(f"update {n} ({train_s:.0f} s): nll/token {float(aux['nll_per_token']):.3f}; "
+          + "; ".join(f"{k} {em:.3f}" for k, (em, _) in scores.items()), flush=True)
+    _, texts = scores["unseen"]
+    for (_, want), got in [(p, t) for p, t in zip(held["unseen"], texts) if p[1] != t][:2]:
+      print(f"  want {want}\n  got  {got}", flush=True)
+
   try:
-    for idx in QClean([{}] * len(check.episodes)).batches(cfg.run.seed, a.epochs, a.batch):
-      eps = [check.episodes[int(k)] for k in idx]
-      b = assemble_batch(eps, [1.0] * len(eps), pad_multiple=cfg.rl.pad_multiple, pad_id=tok.pad_id,
-                         num_rows=a.batch)
-      state, _, aux = check.step(state, {"tokens": b.tokens, "positions": b.positions, "segment_ids": b.segment_ids,
-                                         "mask": b.gen_mask, "loss_index": target_index(b.gen_mask)})
-      n += 1
-      if n % a.every == 0:
-        train_s = time.time() - t0
-        scores = {k: check.exact_match(state.actor, v) for k, v in held.items()}
-        print(f"update {n} ({train_s:.0f} s): nll/token {float(aux['nll_per_token']):.3f}; "
-              + "; ".join(f"{k} {em:.3f}" for k, (em, _) in scores.items()), flush=True)
-        em, texts = scores["unseen"]
-        for (_, want), got in [(p, t) for p, t in zip(held["unseen"], texts) if p[1] != t][:2]:
-          print(f"  want {want}\n  got  {got}", flush=True)
+    check.train(after_update=report)
   finally:
     check.close()
   return 0

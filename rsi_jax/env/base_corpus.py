@@ -8,10 +8,11 @@ each template's program but copies the instruction's parameters only partly (the
 pre-trained one in that respect. It is a STAND-IN for pre-training, labelled as such wherever it is used.
 
 * :data:`SHAPES`: many programs and argument shapes (files, directories, words, numbers; one to three values;
-  single commands and two-step ``&&`` procedures), each with two or three phrasings of its instruction;
+  single commands and two-step ``&&`` / ``|`` procedures), each with two phrasings of its instruction;
 * :func:`value_pools`: the values the corpus draws from (thousands of words), and values kept out of it, on
-  which copying is measured. Neither shares a value with the learning check's tasks (:mod:`rsi_jax.env.learn_tasks`' names
-  and words), so no corpus pair is one of the check's train, held-out or base task combinations;
+  which copying is measured. Neither shares a value with the learning check's tasks (the names and words of
+  :mod:`rsi_jax.env.learn_tasks`), so no corpus pair is one of the check's train, held-out or base task
+  combinations;
 * :func:`pairs`: ``n`` seeded pairs; ``broken=True`` is the broken variant: the same instructions and
   programs, but each command's values drawn afresh (the format without the copying), which must not teach
   copying.
@@ -20,6 +21,7 @@ pre-trained one in that respect. It is a STAND-IN for pre-training, labelled as 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import random
 import re
@@ -27,16 +29,17 @@ import re
 from rsi_jax.env import learn_tasks
 
 NUMBERS = tuple(range(2, 40))
+# the learning check's own vocabulary, which no corpus value may be
+CHECK_VALUES = frozenset(learn_tasks.NAMES) | frozenset(learn_tasks.WORDS) | frozenset(learn_tasks.LOG_WORDS)
 
 
 def value_pools(tokenizer) -> tuple[tuple[str, ...], tuple[str, ...]]:
   """(corpus values, unseen values): the lowercase words of 4-9 letters that the tokenizer holds as one token
   with a leading space (about 18,700 for Qwen3), less the learning check's own names and words and the shapes'
-  own words (programs, "file", ...); one in ten
-  (by a hash of the word, the same on every machine) is kept out of the corpus, to measure copying on.
-  Drawing from thousands of values, the model cannot recall a value from training: it has to copy it."""
-  import hashlib
-  words = sorted({w[1:] for w in tokenizer._tok.get_vocab()
+  own words (programs, "file", ...); one in ten (by a hash of the word, the same on every machine) is kept out of
+  the corpus, to measure copying on. Drawing from thousands of values, the model cannot recall a value from
+  training: it has to copy it."""
+  words = sorted({w[1:] for w in tokenizer.vocab()
                   if w.startswith("\u0120") and re.fullmatch(r"[a-z]{4,9}", w[1:])} - CHECK_VALUES - shape_words())
   unseen = {w for w in words if hashlib.sha256(w.encode()).digest()[0] % 10 == 0}
   return tuple(w for w in words if w not in unseen), tuple(sorted(unseen))
@@ -128,9 +131,6 @@ SHAPES = (
           "sort /app/{a}.txt | head -n {n} > /app/{b}.txt"),
 )
 
-# the learning check's own vocabulary, which no corpus value may be
-CHECK_VALUES = frozenset(learn_tasks.NAMES) | frozenset(learn_tasks.WORDS) | frozenset(learn_tasks.LOG_WORDS)
-
 
 def shape_words() -> frozenset[str]:
   """The words of the shapes' own text (programs, options, "file", ...): never a value, so that a value in a
@@ -148,12 +148,12 @@ def _draw(rng: random.Random, values) -> dict:
 
 def pairs(n: int, seed: int, values, *, broken: bool = False) -> list[tuple[str, str]]:
   """``n`` (instruction, command) pairs, seeded: shapes in turn (each shape equally often), a random phrasing,
-  distinct values drawn from ``values`` (:func:`value_pools`). ``broken``: the command's values drawn afresh, independently of the
-  instruction's (the broken variant)."""
+  distinct values drawn from ``values`` (:func:`value_pools`). ``broken``: the command's values drawn afresh,
+  independently of the instruction's (the broken variant)."""
   if set(values) & CHECK_VALUES:
     raise ValueError(f"corpus values shared with the learning check's tasks: {sorted(set(values) & CHECK_VALUES)}")
   rng = random.Random(f"base-corpus-{seed}")
-  wrong = random.Random(f"base-corpus-{seed}-broken")  # its own stream: the broken variant's instructions are the same
+  wrong = random.Random(f"base-corpus-{seed}-broken")  # its own stream: the broken variant's instructions are kept
   out = []
   for k in range(n):
     shape = SHAPES[k % len(SHAPES)]

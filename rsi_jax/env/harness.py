@@ -338,6 +338,9 @@ def make_harness(name: str, policy: Policy | None = None, renderer=None,
   return HARNESSES[name](policy, renderer, sampling or SamplingParams(), guidance=guidance, **kw)
 
 
+_LOWERED: set[tuple[int, int]] = set()  # (threshold, prompt limit) pairs summarize_threshold has logged
+
+
 def summarize_threshold(threshold: int, policy) -> int:
   """The summarization threshold a harness can actually reach with ``policy``.
 
@@ -353,9 +356,6 @@ def summarize_threshold(threshold: int, policy) -> int:
     log.info("summarization threshold %d lowered to %d: the policy accepts prompts of at most %d tokens",
              threshold, reachable, limit)
   return min(threshold, reachable)
-
-
-_LOWERED: set[tuple[int, int]] = set()  # (threshold, prompt limit) pairs summarize_threshold has logged
 
 
 def build_segment(index: int, turns: Sequence[Turn]) -> Segment:

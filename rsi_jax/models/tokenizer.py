@@ -82,6 +82,10 @@ class Tokenizer:
   def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
     return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+  def vocab(self) -> dict[str, int]:
+    """Every token (in the tokenizer's byte-level spelling: a leading space is ``\u0120``) -> its id."""
+    return self._tok.get_vocab()
+
   def token_to_id(self, token: str) -> int | None:
     return self._tok.token_to_id(token)
 

@@ -7,7 +7,6 @@ SVG for curves and bars; nothing is fetched from elsewhere, so the pages work of
 from __future__ import annotations
 
 import collections
-
 import html
 import math
 import urllib.parse

@@ -129,8 +129,7 @@ def make_config(seq_len: int = SEQ_LEN, batch: int = BATCH, epochs: int = EPOCHS
 
 class SFTCheck:
   """One tiny actor, one compiled train step and one sampler, shared by the runs. Every run starts from the
-  same fresh weights (``run.seed``) and sees the same batches, so two runs differ only in their masks (or,
-  with ``train(examples)``, their data).
+  same fresh weights (``run.seed``) and sees the same batches, so two runs differ only in their masks.
 
   ``train`` / ``held``: (instruction, reply) pairs (default: this module's templates, :func:`split`);
   ``seq_len``: every row padded to it; ``max_new_tokens``: the evaluation's reply limit; ``overrides``: further
@@ -148,31 +147,27 @@ class SFTCheck:
     if train is None:
       train, held = ([pair(it) for it in part] for part in split())
     self.train_pairs, self.held_pairs = list(train), list(held)
-    self.episodes = self.make_episodes(self.train_pairs)
+    self.episodes = [episode(tokenizer, renderer, p, k) for k, p in enumerate(self.train_pairs)]
     self.sampler = None
 
   def close(self):
     if self.sampler is not None:
       self.sampler.close()
 
-  def make_episodes(self, pairs):
-    return [episode(self.tok, self.renderer, p, k) for k, p in enumerate(pairs)]
-
-  def train(self, mask_shift: int = 0, episodes=None):
+  def train(self, mask_shift: int = 0, after_update=None):
     """SFT from the fresh weights; ``mask_shift``: the batch's gen_mask rolled by this many positions along
-    time (0: the correct run); ``episodes``: train on these instead (:meth:`make_episodes`). Returns (actor
-    params, nll per generated token of every update)."""
+    time (0: the correct run); ``after_update(n, state, aux)``: called after update ``n`` (1, 2, ...). Returns
+    (actor params, nll per generated token of every update)."""
     from rsi_jax.models import init_train_state
     from rsi_jax.models.actor import target_index
     from rsi_jax.rl.batch import assemble_batch
     from rsi_jax.rsr.funnel import QClean
     cfg = self.cfg
     state = init_train_state(self.actor, self.opt, self.actor.init(jax.random.key(cfg.run.seed)))
-    episodes = self.episodes if episodes is None else episodes
-    order = QClean([{"index": k} for k in range(len(episodes))])
+    order = QClean([{"index": k} for k in range(len(self.episodes))])
     losses = []
     for idx in order.batches(cfg.run.seed, cfg.pipeline.sft_epochs, cfg.rollout.global_batch):
-      eps = [episodes[int(k)] for k in idx]
+      eps = [self.episodes[int(k)] for k in idx]
       batch = assemble_batch(eps, [1.0] * len(eps), pad_multiple=cfg.rl.pad_multiple, pad_id=self.tok.pad_id,
                              num_rows=cfg.rollout.global_batch)
       assert batch.tokens.shape == (self.batch, self.seq_len), batch.tokens.shape
@@ -185,6 +180,8 @@ class SFTCheck:
               "mask": mask, "loss_index": target_index(mask)}  # as RSRPhase.step builds it
       state, _, aux = self.step(state, data)
       losses.append(float(aux["nll_per_token"]))
+      if after_update is not None:
+        after_update(len(losses), state, aux)
     assert int(state.step) == len(losses)
     return state.actor, np.asarray(losses)
 
