@@ -102,6 +102,9 @@ def parse_args():
   ap.add_argument("--new-tokens", type=int, default=256)
   ap.add_argument("--max-prompt", type=int, default=64, help="prompts have lengths spread over [8, this]")
   ap.add_argument("--repeats", type=int, default=3, help="part 1: runs per method, the fastest reported")
+  ap.add_argument("--temperature", type=float, default=1.0, help="part 1's sampling temperature")
+  ap.add_argument("--top-p", type=float, default=1.0,
+                  help="part 1's nucleus (0.95 with --temperature 0.6 is the evaluation protocol)")
   ap.add_argument("--decode-batch", type=int, default=0, help="also time raw decode at this many slots")
   ap.add_argument("--decode-steps", type=int, default=128)
   ap.add_argument("--decode-cache", type=int, default=0,
@@ -152,7 +155,7 @@ def naive_decode(step_fn, params, reqs, new_tokens, sp):
   keys = jax.random.split(jax.random.key(0), b)
   temp = jnp.full((b,), sp.temperature, jnp.float32)
   top_k = jnp.zeros((b,), jnp.int32)
-  top_p = jnp.ones((b,), jnp.float32)
+  top_p = jnp.full((b,), sp.top_p, jnp.float32)
   for step in range(new_tokens):
     lens = np.array([len(s) for s in seqs])
     t = int(-(-lens.max() // 128) * 128)
@@ -375,7 +378,7 @@ def main():
   print(f"jax {jax.__version__} on {jax.devices()[0].device_kind} x{len(jax.devices())}; model {args.model}")
   if "part1" not in skip:
     reqs = prompts(args)
-    sp = P.SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
+    sp = P.SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.new_tokens, seed=0)
     cfg = make_cfg(args, args.requests)
     engine = build_engine(cfg)
     params = engine.init_params(0)
@@ -419,7 +422,8 @@ def main():
         server.close()
     print(f"{args.requests} requests x {args.new_tokens} new tokens, prompts {len(reqs[0])}..{len(reqs[-1])}, "
           f"{cfg.sampler.decode_steps} decode steps per call, fastest of {args.repeats} interleaved runs each; "
-          f"continuous batching on the default decode ({cfg.sampler.decode_impl})")
+          f"continuous batching on the default decode ({cfg.sampler.decode_impl}); temperature "
+          f"{args.temperature}, top-p {args.top_p}")
     base = results.get("naive (recompute prefix)")
     for name, (n, dt) in results.items():
       ratio = f"  {n / dt / (base[0] / base[1]):6.2f}x naive" if base else ""
