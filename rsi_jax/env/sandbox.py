@@ -275,6 +275,11 @@ class DockerSandbox:
       col = self.exec_raw(["/bin/bash", "-c", COLLECT_SCRIPT, "bash", str(n), str(self.output_cap_bytes)],
                           timeout_s=30)
       status, _, out = col.output.partition("\n")
+      end = out.rfind(EXIT_TRAILER.decode())
+      if status == "DONE" and end >= 0:  # it finished; Docker lost its output stream
+        log.warning("%s: command %d's output stream was lost; its result was read from the container",
+                    self.task_name, n)
+        return CommandResult(out[:end], int(out[end + len(EXIT_TRAILER):].rstrip("\x1e")), False, dt)
       if status == "TIMEOUT":
         msg = f"\n[command timed out after {timeout_s:g}s and was killed]"
         return CommandResult(out + msg, 124, True, dt)

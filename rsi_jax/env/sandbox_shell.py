@@ -3,7 +3,9 @@
 Used by :class:`rsi_jax.env.sandbox.DockerSandbox`. An agent command's script restores the episode's shell state
 from :data:`SHELL_DIR`, starts a watchdog in a session of its own that kills the command's process group at the
 timeout, writes the output to a file there and prints it back capped, followed by :data:`EXIT_TRAILER` and the
-exit code; :data:`COLLECT_SCRIPT` reads what a killed command had printed.
+exit code. That result is also kept in a file until the next command starts: Docker can lose a short exec's
+output stream (moby/moby#27289; seen here once as an empty ``pwd`` on a loaded machine), and then
+:data:`COLLECT_SCRIPT` reads it back, or, for a command that was killed, what it had printed.
 """
 
 # The folder of the persistent shell's state, output files and watchdog marks (the scripts below name it).
@@ -16,8 +18,9 @@ INIT_CMD = ["/bin/bash", "-c", "while :; do /usr/bin/sleep 86400 & wait $!; done
 
 # One agent command. argv: $1 command id, $2 timeout (s), $3 output cap (bytes); env RSI_CMD: the command.
 SHELL_SCRIPT = r"""
-__rsi_d=/tmp/.rsi_shell; __rsi_id=$1; __rsi_o=$__rsi_d/out.$1
+__rsi_d=/tmp/.rsi_shell; __rsi_id=$1; __rsi_o=$__rsi_d/out.$1; __rsi_r=$__rsi_d/result.$1
 /usr/bin/mkdir -p "$__rsi_d"
+/usr/bin/rm -f "$__rsi_d"/result.*  # the host has read every earlier command's result
 echo $$ > "$__rsi_d/pid.$1"
 /usr/bin/setsid /bin/bash -c '/usr/bin/sleep "$1"; : > "$2"; kill -KILL -- -"$3"' _ "$2" \
   "$__rsi_d/timeout.$1" $$ </dev/null >/dev/null 2>&1 &
@@ -31,14 +34,17 @@ __rsi_exit() {
   { export -p; printf 'cd -- %q\n' "$PWD"; } > "$__rsi_d/state.tmp" && /usr/bin/mv -f "$__rsi_d/state.tmp" "$__rsi_d/state"
   kill -KILL -- -"$__rsi_wd" 2>/dev/null || kill -KILL "$__rsi_wd" 2>/dev/null  # (not yet its own group)
   __rsi_n=$(/usr/bin/stat -c %s "$__rsi_o" || echo 0)
-  if [ "$__rsi_n" -le "$__rsi_cap" ]; then /usr/bin/cat "$__rsi_o" >&3
-  else
-    /usr/bin/head -c $((__rsi_cap / 2)) "$__rsi_o" >&3
-    printf '\n[... %d bytes of output elided ...]\n' $((__rsi_n - __rsi_cap)) >&3
-    /usr/bin/tail -c $((__rsi_cap - __rsi_cap / 2)) "$__rsi_o" >&3
-  fi
+  {
+    if [ "$__rsi_n" -le "$__rsi_cap" ]; then /usr/bin/cat "$__rsi_o"
+    else
+      /usr/bin/head -c $((__rsi_cap / 2)) "$__rsi_o"
+      printf '\n[... %d bytes of output elided ...]\n' $((__rsi_n - __rsi_cap))
+      /usr/bin/tail -c $((__rsi_cap - __rsi_cap / 2)) "$__rsi_o"
+    fi
+    printf '\036RSI:%d\036' "$__rsi_rc"
+  } > "$__rsi_r"
   /usr/bin/rm -f "$__rsi_o"
-  printf '\036RSI:%d\036' "$__rsi_rc" >&3
+  /usr/bin/cat "$__rsi_r" >&3
   exit $__rsi_rc
 }
 trap __rsi_exit EXIT
@@ -48,8 +54,11 @@ eval "$__rsi_c" >"$__rsi_o" 2>&1 </dev/null 3>&-
 
 EXIT_TRAILER = b"\x1eRSI:"  # the exit trap's trailer: output, then \x1eRSI:<exit code>\x1e
 
-# After a timeout kill: what the command had printed, capped the same way. argv: $1 id, $2 cap.
+# When the host got no trailer: the result of a command that finished (its output stream lost), else what a
+# killed command had printed, capped the same way. argv: $1 id, $2 cap.
 COLLECT_SCRIPT = r"""
+r=/tmp/.rsi_shell/result.$1
+if [ -f "$r" ]; then echo DONE; cat "$r"; exit 0; fi
 o=/tmp/.rsi_shell/out.$1; cap=$2
 [ -f /tmp/.rsi_shell/timeout.$1 ] && echo TIMEOUT || echo KILLED
 n=$(stat -c %s "$o" 2>/dev/null || echo 0)

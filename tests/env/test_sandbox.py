@@ -82,6 +82,34 @@ def test_persistent_shell_state(box):
   assert box.run("cat").exit_code == 0  # stdin is /dev/null: a reader cannot hang the shell
 
 
+def test_a_lost_output_stream_is_read_back_from_the_container(box, monkeypatch):
+  """Docker can lose a short exec's output stream (moby/moby#27289; once on a loaded machine here ``pwd`` came
+  back empty). That loss cannot be provoked on demand, so the exec's reply is emptied here (a mock of the
+  fault only: the command runs for real): the result is read back from the container, output and exit code."""
+  from rsi_jax.env.sandbox_shell import SHELL_SCRIPT
+  real = box.container.exec_run
+  lost = []
+
+  def losing(cmd, **kw):
+    res = real(cmd, **kw)
+    if SHELL_SCRIPT in cmd:
+      lost.append(res.output)
+      return type(res)(res.exit_code, b"")
+    return res
+
+  monkeypatch.setattr(box.container, "exec_run", losing)
+  r = box.run("cd /tmp; echo one; echo two >&2; exit 3")
+  assert (r.output, r.exit_code, r.timed_out) == ("one\ntwo\n", 3, False)
+  r = box.run("pwd")
+  assert (r.output, r.exit_code) == ("/tmp\n", 0)
+  assert lost == [b"one\ntwo\n\x1eRSI:3\x1e", b"/tmp\n\x1eRSI:0\x1e"]  # what Docker would have delivered
+  monkeypatch.undo()
+  # earlier commands' results are gone once the next command starts, and a killed command is still killed
+  assert box.run("ls /tmp/.rsi_shell | grep -c result || true").output == "0\n"
+  r = box.run("kill -KILL $$")
+  assert r.exit_code == 137 and not r.timed_out
+
+
 def test_timeout_hard_kill_and_recovery(box):
   box.run("cd /tmp && export KEEP=yes")
   t0 = time.time()
