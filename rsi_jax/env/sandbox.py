@@ -302,7 +302,8 @@ class DockerSandbox:
   def exec_raw(self, argv: list[str], *, timeout_s: float, env: Mapping[str, str] | None = None,
                workdir: str = "/", cap_bytes: int | None = None) -> CommandResult:
     """Run a trusted command (not through the agent's shell state) with a fixed environment; its whole
-    process group is killed at the timeout."""
+    process group is killed at the timeout. A command that ended on its own without its output arriving is
+    :class:`SandboxError` (``docker_error``: infrastructure), never an empty output."""
     environment = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "HOME": "/root", "RSI_TIMEOUT": f"{timeout_s:g}"}
     environment.update(env or {})
     t0 = time.time()
@@ -314,9 +315,15 @@ class DockerSandbox:
       raise SandboxError(DOCKER_ERROR, f"exec failed: {e}") from None
     dt = time.time() - t0
     out = (res.output or b"")
+    code = 137 if res.exit_code is None else int(res.exit_code)
+    end = out.rfind(EXIT_TRAILER)
+    if end >= 0:
+      out = out[:end]
+    elif code != 137:  # it ended on its own, yet its output did not arrive (moby/moby#27289)
+      raise SandboxError(DOCKER_ERROR, f"{argv[0]} exited {code} without its end mark: its shell was killed "
+                                       f"or Docker lost its output stream")
     if cap_bytes is not None and len(out) > cap_bytes:
       out = out[:cap_bytes // 2] + b"\n[... output elided ...]\n" + out[-(cap_bytes - cap_bytes // 2):]
-    code = 137 if res.exit_code is None else int(res.exit_code)
     killed = code == 137
     timed_out = killed and dt >= timeout_s - 0.5
     if killed and not timed_out:

@@ -67,7 +67,8 @@ else head -c $((cap / 2)) "$o"; printf '\n[... %d bytes of output elided ...]\n'
 rm -f "$o" /tmp/.rsi_shell/timeout.$1
 """
 
-# A trusted command with a fixed environment and a hard timeout on its whole process group. argv: cmd...
+# A trusted command with a fixed environment and a hard timeout on its whole process group, its output followed
+# by EXIT_TRAILER and its exit code (a command that ended without one lost its output stream). argv: cmd...
 RAW_SCRIPT = r"""
 /usr/bin/setsid /bin/bash -c '/usr/bin/sleep "$1"; kill -KILL -- -"$2"' _ "$RSI_TIMEOUT" $$ \
   </dev/null >/dev/null 2>&1 &
@@ -76,5 +77,6 @@ disown "$w"
 "$@"
 rc=$?
 kill -KILL -- -"$w" 2>/dev/null
+printf '\036RSI:%d\036' $rc
 exit $rc
 """

@@ -110,6 +110,25 @@ def test_a_lost_output_stream_is_read_back_from_the_container(box, monkeypatch):
   assert r.exit_code == 137 and not r.timed_out
 
 
+def test_a_trusted_command_whose_output_is_lost_is_an_infrastructure_error(box, monkeypatch):
+  """The verifier's and the tamper check's trusted commands are read by their output (interpreters' site
+  folders, programs put on the PATH): an output lost by Docker (mocked as above) must not read as "none"."""
+  from rsi_jax.env.sandbox import DOCKER_ERROR
+  from rsi_jax.env.sandbox_shell import RAW_SCRIPT
+  assert box.exec_raw(["/bin/echo", "site"], timeout_s=10).output == "site\n"  # the end mark is not output
+  assert box.exec_raw(["/bin/bash", "-c", "echo no; exit 4"], timeout_s=10).exit_code == 4
+  real = box.container.exec_run
+  monkeypatch.setattr(box.container, "exec_run", lambda cmd, **kw: (
+      lambda res: type(res)(res.exit_code, b"") if RAW_SCRIPT in cmd else res)(real(cmd, **kw)))
+  with pytest.raises(SandboxError) as e:
+    box.exec_raw(["/bin/echo", "site"], timeout_s=10)
+  assert e.value.kind == DOCKER_ERROR and "lost its output stream" in str(e.value)
+  monkeypatch.undo()
+  # a command killed at its timeout has no end mark and is not an error
+  r = box.exec_raw(["/bin/sleep", "30"], timeout_s=1)
+  assert r.exit_code == 137 and r.timed_out
+
+
 def test_timeout_hard_kill_and_recovery(box):
   box.run("cd /tmp && export KEEP=yes")
   t0 = time.time()
