@@ -70,6 +70,11 @@ prefills several short prompts and decode chooses gathered or split-K attention 
   Part 2, batch 64, cache 320: paged 609 tok/s vs slot 534 vs maxtext 389: paged / maxtext 1.56x.
   Part 3, 8 episodes x 20 turns: prefix reuse 303 vs re-prefill 53 generated tok/s: 5.71x (the load rose from
     6 to 18 during the re-prefill run, which inflates this ratio).
+Measured 2026-12-04 on the idle 2-core CPU, qwen3-tiny, part 1 fastest of 5: before, default (paged)
+  4.88-5.29x naive, 1.08-1.18x maxtext decode; after top-k/top-p by bisection and one shared exponential at
+  temperature 1 (sampling 1.17 -> 0.61 ms a step of 8 rows): 5.31-5.78x naive (2,258-2,420 tok/s), 1.08-1.10x
+  maxtext decode. At the evaluation protocol (--temperature 0.6 --top-p 0.95, 8 x 64 tokens): 56 -> 636 tok/s,
+  the full-vocabulary sort of top-p having cost 130-240 ms a step.
 Measured 2026-11-29 on one H200 (jax 0.11.2), qwen3-0.6b, before the slot-cache decode, decode_steps and the
 argmax change: continuous 1616 tok/s = 2.57x naive (628 tok/s), 8.7x one-at-a-time (186 tok/s); raw decode
 at batch 64: 4935 tok/s (13.0 ms/step). MaxText's autoregressive attention transposes and copies the whole
