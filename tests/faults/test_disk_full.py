@@ -35,8 +35,11 @@ def small_fs():
     shutil.rmtree(d, ignore_errors=True)
 
 
+RSR_ONLY = "pipeline.phases=[rsr1]"  # the disk fills inside RSR-1; the RPR phase after it adds nothing here
+
+
 def test_disk_full_stops_with_the_path_keeps_the_last_checkpoint_and_resumes(small_fs, docker_client):
-  p = _start(small_fs, "full")
+  p = _start(small_fs, "full", RSR_ONLY)
   out, err = p.communicate(timeout=900)
   assert p.returncode == 1, f"rc {p.returncode}\n{out}\n{err[-3000:]}"
   stopped = [x for x in out.splitlines() if x.startswith("run stopped")]
@@ -47,6 +50,6 @@ def test_disk_full_stops_with_the_path_keeps_the_last_checkpoint_and_resumes(sma
   done = sorted(int(x.name) for x in ck.iterdir() if x.name.isdigit())
   assert done, list(ck.iterdir())
   subprocess.run(["mount", "-o", f"remount,size={8 * SIZE_MB}m", str(small_fs)], check=True)
-  out2, err2 = _start(small_fs, "full").communicate(timeout=900)
+  out2, err2 = _start(small_fs, "full", RSR_ONLY).communicate(timeout=900)
   assert f"[rsr1] resuming after step {done[-1]}" in out2, out2 + err2[-3000:]
   assert "done in" in out2 and "refused" not in out2, out2
