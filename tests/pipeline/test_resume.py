@@ -3,6 +3,7 @@ by SIGKILL inside the RSR funnel or at a step boundary of RPR (possibly while a 
 stopped during an in-training evaluation or inside a critic-seed step, and rerun, ends with actor and critic
 weights bitwise equal to an uninterrupted run (``rollout.deterministic``)."""
 
+import concurrent.futures
 import json
 import os
 import random
@@ -81,7 +82,8 @@ def _final_params(run_dir: Path) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, docker_client):
   out = tmp_path_factory.mktemp("resume")
-  a_out, a_err = _finish(_start(out, "a"))  # uninterrupted
+  # run a, uninterrupted, runs beside the stops of run b (its own folder and containers)
+  a = concurrent.futures.ThreadPoolExecutor(1).submit(_finish, _start(out, "a"))
   b = out / "b"
   # killed inside the RSR funnel once it has recorded some of its work (episode containers up), preempted inside
   # RSR-1 (the resumed phase continues Q_clean's grain iterator from the checkpoint), then killed inside RPR-1
@@ -125,6 +127,7 @@ def runs(tmp_path_factory, docker_client):
   # checkpoints (paths relative to the run folder), refuse step 3, fall back to step 2 and redo step 3. It is
   # resumed with an evaluation every 2 steps, so it first evaluates step 2 (no earlier attempt did): SIGTERM
   # while that evaluation runs, then the rerun evaluates step 2 again before it redoes step 3
+  a_out, a_err = a.result()
   d = out / "d"
   shutil.copytree(b, d)
   lineage = json.loads((d / "lineage.json").read_text())
