@@ -61,6 +61,14 @@ class SandboxError(RuntimeError):
     self.kind = kind
 
 
+def _split_trailer(out: bytes) -> tuple[bytes, int] | None:
+  """A shell's output and the exit code its :data:`EXIT_TRAILER` gives, or None where the trailer is missing."""
+  end = out.rfind(EXIT_TRAILER)
+  if end < 0:
+    return None
+  return out[:end], int(out[end + len(EXIT_TRAILER):].rstrip(b"\x1e") or 0)
+
+
 @dataclasses.dataclass(frozen=True)
 class CommandResult:
   output: str  # stdout and stderr interleaved, capped (middle elided)
@@ -268,18 +276,18 @@ class DockerSandbox:
       backstop.cancel()
     dt = time.time() - t0
     out = res.output or b""
-    end = out.rfind(EXIT_TRAILER)
-    if end < 0:
+    done = _split_trailer(out)
+    if done is None:
       # The shell was killed: by its watchdog (timeout), by the agent itself, or with the container.
       self._check_alive("a command")
       col = self.exec_raw(["/bin/bash", "-c", COLLECT_SCRIPT, "bash", str(n), str(self.output_cap_bytes)],
                           timeout_s=30)
       status, _, out = col.output.partition("\n")
-      end = out.rfind(EXIT_TRAILER.decode())
-      if status == "DONE" and end >= 0:  # it finished; Docker lost its output stream
+      done = _split_trailer(out.encode()) if status == "DONE" else None
+      if done is not None:  # it finished; Docker lost its output stream
         log.warning("%s: command %d's output stream was lost; its result was read from the container",
                     self.task_name, n)
-        return CommandResult(out[:end], int(out[end + len(EXIT_TRAILER):].rstrip("\x1e")), False, dt)
+        return CommandResult(done[0].decode("utf-8", "replace"), done[1], False, dt)
       if status == "TIMEOUT":
         msg = f"\n[command timed out after {timeout_s:g}s and was killed]"
         return CommandResult(out + msg, 124, True, dt)
@@ -288,8 +296,7 @@ class DockerSandbox:
       time.sleep(0.5)
       self._check_alive("a command")
       return CommandResult(out, 137, False, dt)
-    code = int(out[end + len(EXIT_TRAILER):].rstrip(b"\x1e") or res.exit_code or 0)
-    return CommandResult(out[:end].decode("utf-8", "replace"), code, False, dt)
+    return CommandResult(done[0].decode("utf-8", "replace"), done[1], False, dt)
 
   def _kill_command(self, n: int):
     """Host-side backstop for command ``n``: mark it timed out and kill its process group."""
@@ -316,9 +323,9 @@ class DockerSandbox:
     dt = time.time() - t0
     out = (res.output or b"")
     code = 137 if res.exit_code is None else int(res.exit_code)
-    end = out.rfind(EXIT_TRAILER)
-    if end >= 0:
-      out = out[:end]
+    done = _split_trailer(out)
+    if done is not None:
+      out = done[0]
     elif code != 137:  # it ended on its own, yet its output did not arrive (moby/moby#27289)
       raise SandboxError(DOCKER_ERROR, f"{argv[0]} exited {code} without its end mark: its shell was killed "
                                        f"or Docker lost its output stream")
