@@ -21,6 +21,7 @@ import dataclasses
 import io
 import logging
 import os
+import re
 import socket
 import tarfile
 import threading
@@ -61,12 +62,18 @@ class SandboxError(RuntimeError):
     self.kind = kind
 
 
+_TRAILER_RE = re.compile(re.escape(EXIT_TRAILER) + rb"(-?\d+)\x1e")
+
+
 def _split_trailer(out: bytes) -> tuple[bytes, int] | None:
-  """A shell's output and the exit code its :data:`EXIT_TRAILER` gives, or None where the trailer is missing."""
-  end = out.rfind(EXIT_TRAILER)
-  if end < 0:
+  """A shell's output and the exit code its :data:`EXIT_TRAILER` gives, or None where the trailer is missing.
+  Output after the trailer (a child still writing after the command ended) is kept, after the rest."""
+  last = None
+  for last in _TRAILER_RE.finditer(out):
+    pass
+  if last is None:
     return None
-  return out[:end], int(out[end + len(EXIT_TRAILER):].rstrip(b"\x1e") or 0)
+  return out[:last.start()] + out[last.end():], int(last.group(1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +200,16 @@ class DockerSandbox:
     if not self.is_running():
       raise SandboxError(CONTAINER_DIED, f"container of {self.task_name} is gone during {what}")
 
+  def _check_alive_after_a_kill(self, what: str, wait_s: float = 2.0):
+    """After a process died unexplained: a container being killed loses its processes before its status
+    changes, so it is looked at again for ``wait_s`` before the death is put down to anything else."""
+    deadline = time.time() + wait_s
+    while True:
+      self._check_alive(what)
+      if time.time() >= deadline:
+        return
+      time.sleep(0.25)
+
   # -- commands
 
   def run(self, command: str, timeout_s: float | None = None) -> CommandResult:
@@ -291,10 +308,8 @@ class DockerSandbox:
       if status == "TIMEOUT":
         msg = f"\n[command timed out after {timeout_s:g}s and was killed]"
         return CommandResult(out + msg, 124, True, dt)
-      # Killed, not by its watchdog: when the container is being killed, its processes die before its
-      # status changes, so look again after a moment.
-      time.sleep(0.5)
-      self._check_alive("a command")
+      # Killed, not by its watchdog: by the agent itself, or with its container.
+      self._check_alive_after_a_kill("a command")
       return CommandResult(out, 137, False, dt)
     return CommandResult(done[0].decode("utf-8", "replace"), done[1], False, dt)
 
@@ -326,7 +341,8 @@ class DockerSandbox:
     done = _split_trailer(out)
     if done is not None:
       out = done[0]
-    elif code != 137:  # it ended on its own, yet its output did not arrive (moby/moby#27289)
+    elif code != 137:  # it ended on its own, yet its output did not arrive (moby/moby#27289), or its
+      self._check_alive_after_a_kill(argv[0])  # container is being killed
       raise SandboxError(DOCKER_ERROR, f"{argv[0]} exited {code} without its end mark: its shell was killed "
                                        f"or Docker lost its output stream")
     if cap_bytes is not None and len(out) > cap_bytes:
@@ -334,8 +350,7 @@ class DockerSandbox:
     killed = code == 137
     timed_out = killed and dt >= timeout_s - 0.5
     if killed and not timed_out:
-      time.sleep(0.5)  # (see run: a container being killed still shows as running for a moment)
-      self._check_alive(argv[0])
+      self._check_alive_after_a_kill(argv[0])
     return CommandResult(out.decode("utf-8", "replace"), code, timed_out, dt)
 
   # -- files

@@ -74,6 +74,7 @@ RAW_SCRIPT = r"""
   </dev/null >/dev/null 2>&1 &
 w=$!
 disown "$w"
+exec 2>&1  # one stream: Docker delivers stdout and stderr in no fixed order
 "$@"
 rc=$?
 kill -KILL -- -"$w" 2>/dev/null

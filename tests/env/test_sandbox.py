@@ -129,6 +129,17 @@ def test_a_trusted_command_whose_output_is_lost_is_an_infrastructure_error(box, 
   assert r.exit_code == 137 and r.timed_out
 
 
+def test_output_after_a_trusted_commands_end_mark_is_kept(box):
+  """Docker delivers stdout and stderr as two streams in no fixed order, and a child left running can write
+  after the command ended: a verifier whose last stderr line came after the end mark was read as a broken
+  exit code (an infrastructure failure in place of the verifier's own "command not found")."""
+  r = box.exec_raw(["/bin/bash", "-c", "(sleep 0.3; echo late >&2) & echo early; exit 127"], timeout_s=10)
+  assert (r.output, r.exit_code, r.timed_out) == ("early\nlate\n", 127, False)
+  # stderr and stdout of one command keep their order
+  r = box.exec_raw(["/bin/bash", "-c", "echo one; echo two >&2; echo three"], timeout_s=10)
+  assert r.output == "one\ntwo\nthree\n"
+
+
 def test_timeout_hard_kill_and_recovery(box):
   box.run("cd /tmp && export KEEP=yes")
   t0 = time.time()
