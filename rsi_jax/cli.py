@@ -29,18 +29,25 @@ class UsageError(Exception):
   """A command line that cannot run: one line, exit status 2."""
 
 
+class Terminated(SystemExit):
+  """A SIGTERM (a preemption notice) that arrived where no run state could be saved yet: the process ends."""
+
+
 class _RedeliverInterrupt:
-  """``sys.unraisablehook``: a Ctrl-C that landed in code whose exceptions Python can only report, not raise (a
-  garbage-collection callback such as JAX's, which runs thousands of times while a program starts; a finalizer),
-  is delivered to the main thread again instead of being lost; every other report goes to the hook before."""
+  """``sys.unraisablehook``: a Ctrl-C or SIGTERM that landed in code whose exceptions Python can only report, not
+  raise (a garbage-collection callback such as JAX's, which runs thousands of times while a program starts; a
+  finalizer), is delivered to the main thread again instead of being lost; every other report goes to the hook
+  before."""
 
   def __init__(self, before):
     self.before = before
 
   def __call__(self, u) -> None:
-    if u.exc_type is not None and issubclass(u.exc_type, KeyboardInterrupt):
+    signum = (signal.SIGINT if u.exc_type is not None and issubclass(u.exc_type, KeyboardInterrupt)
+              else signal.SIGTERM if u.exc_type is not None and issubclass(u.exc_type, Terminated) else None)
+    if signum is not None:
       # from another thread, a moment later: raised here, it would be reported (and lost) again
-      t = threading.Timer(0.01, _thread.interrupt_main)
+      t = threading.Timer(0.01, _thread.interrupt_main, args=(signum,))
       t.daemon = True
       t.start()
       return
@@ -48,6 +55,7 @@ class _RedeliverInterrupt:
 
 
 _CTRL_C = threading.Event()  # set by _note_ctrl_c: a Ctrl-C arrived (whatever became of its KeyboardInterrupt)
+_SIGTERM = threading.Event()  # set by _note_sigterm: a SIGTERM arrived (whatever became of its Terminated)
 
 
 def _note_ctrl_c(signum, frame):
@@ -55,22 +63,37 @@ def _note_ctrl_c(signum, frame):
   signal.default_int_handler(signum, frame)
 
 
-def keep_ctrl_c() -> None:
-  """Never lose a Ctrl-C: one that lands where Python can only report it is delivered again
-  (:class:`_RedeliverInterrupt`), and every Ctrl-C is noted (:func:`ctrl_c_seen`), for library code that turns
-  the KeyboardInterrupt into an error of its own. Called first by the long-running entry points; a SIGINT that
-  is ignored (a background job) stays ignored."""
+def _note_sigterm(signum, frame):
+  _SIGTERM.set()
+  raise Terminated(128 + signum)
+
+
+def keep_stop_signals() -> None:
+  """Never lose a Ctrl-C or a SIGTERM: one that lands where Python can only report it is delivered again
+  (:class:`_RedeliverInterrupt`), and each is noted (:func:`ctrl_c_seen`, :func:`sigterm_seen`), for library code
+  that turns the exception into an error of its own. A SIGTERM raises :class:`Terminated` (the default action
+  would end the process without its teardown); where a run can stop at a safe point it installs its own handler
+  (:class:`rsi_jax.pipeline.preemption.Stop`). Called first by the long-running entry points; a signal that is
+  ignored (SIGINT in a background job) stays ignored."""
   if not isinstance(sys.unraisablehook, _RedeliverInterrupt):
     sys.unraisablehook = _RedeliverInterrupt(sys.unraisablehook)
-  if (threading.current_thread() is threading.main_thread()
-      and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-    signal.signal(signal.SIGINT, _note_ctrl_c)
+  if threading.current_thread() is threading.main_thread():
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+      signal.signal(signal.SIGINT, _note_ctrl_c)
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+      signal.signal(signal.SIGTERM, _note_sigterm)
 
 
 def ctrl_c_seen() -> bool:
-  """Whether a Ctrl-C arrived since :func:`keep_ctrl_c` (e.g. while MaxText's imports build pydantic models: pydantic
-  reports it as a ``SchemaError``)."""
+  """Whether a Ctrl-C arrived since :func:`keep_stop_signals` (e.g. while MaxText's imports build pydantic models:
+  pydantic reports it as a ``SchemaError``)."""
   return _CTRL_C.is_set()
+
+
+def sigterm_seen() -> bool:
+  """Whether a SIGTERM arrived since :func:`keep_stop_signals` outside a run's own handler (e.g. while MaxText
+  builds its config: OmegaConf reports what interrupted it as a ``ConfigKeyError``)."""
+  return _SIGTERM.is_set()
 
 
 def flag_values() -> flags.FlagValues:

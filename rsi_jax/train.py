@@ -50,15 +50,23 @@ def run_program(config_path: str, overrides, after=None, distributed: bool = Fal
   except KeyboardInterrupt:  # Ctrl-C before the run could checkpoint (start-up), or a second Ctrl-C
     print(INTERRUPTED, file=sys.stderr, flush=True)
     return 130
+  except cli.Terminated:  # SIGTERM before the run's own handler was installed (start-up) or after it (teardown)
+    print(TERMINATED, file=sys.stderr, flush=True)
+    return 0
   except Exception:
     if cli.ctrl_c_seen():  # a Ctrl-C that library code turned into its own error (e.g. while importing MaxText)
       print(INTERRUPTED, file=sys.stderr, flush=True)
       return 130
+    if cli.sigterm_seen():  # the same for a SIGTERM (e.g. while MaxText builds its config)
+      print(TERMINATED, file=sys.stderr, flush=True)
+      return 0
     raise
 
 
 INTERRUPTED = ("interrupted (Ctrl-C): stopped before a checkpoint could be written; rerun the same command to resume "
                "from the newest one")
+TERMINATED = ("preempted (SIGTERM): stopped before a checkpoint could be written; rerun the same command to resume "
+              "from the newest one")
 
 
 def _run_program(config_path: str, overrides, after, distributed: bool) -> int:
@@ -123,8 +131,8 @@ def _run_program(config_path: str, overrides, after, distributed: bool) -> int:
       return 1
     except Exception as e:  # noqa: BLE001 - the console gets the reason, the log the traceback
       logging.error("run failed:\n%s", traceback.format_exc())
-      if cli.ctrl_c_seen():  # a Ctrl-C that library code turned into its own error: run_program reports it
-        raise
+      if cli.ctrl_c_seen() or cli.sigterm_seen():  # a stop signal that library code turned into its own error:
+        raise                                        # run_program reports it
       full = _disk_full(e)
       if full is not None:
         where = full or run_dir
@@ -186,5 +194,5 @@ class _Quiet:
 
 
 if __name__ == "__main__":
-  cli.keep_ctrl_c()
+  cli.keep_stop_signals()
   sys.exit(main())

@@ -49,21 +49,25 @@ def test_late_library_reports_go_to_the_log_not_the_terminal(tmp_path):
   assert text.count("Encountered error while reading array index") == 2, text
 
 
-# A Ctrl-C that arrives while a garbage-collection callback runs (JAX registers one; while a program imports and
-# builds its models it runs thousands of times) is raised inside the callback, where Python can only report it
-# ("Exception ignored in: <function _xla_gc_callback>"): the interrupt was lost and the start-up went on.
-_CTRL_C_IN_GC = textwrap.dedent("""
+# A Ctrl-C or a SIGTERM that arrives while a garbage-collection callback runs (JAX registers one; while a program
+# imports and builds its models it runs thousands of times) is raised inside the callback, where Python can only
+# report it ("Exception ignored in: <function _xla_gc_callback>"): the stop was lost and the start-up went on (a
+# loaded machine lost a preemption notice so: the run trained on to its end).
+_STOP_IN_GC = textwrap.dedent("""
   import gc, sys, time
   from rsi_jax import cli
   if sys.argv[1] == "keep":
-    cli.keep_ctrl_c()
+    cli.keep_stop_signals()
+  elif sys.argv[1] == "raise":  # a SIGTERM handler that raises, as the environment layer installs for its users
+    from rsi_jax.env.reaper import install_signal_handlers
+    install_signal_handlers()
   armed = [True]
 
   def callback(phase, info):
     if phase == "start" and armed[0]:
       armed[0] = False
       print("in callback", flush=True)
-      time.sleep(10)  # the Ctrl-C arrives here
+      time.sleep(10)  # the signal arrives here
 
   gc.callbacks.append(callback)
   try:
@@ -74,19 +78,24 @@ _CTRL_C_IN_GC = textwrap.dedent("""
   except KeyboardInterrupt:
     print("interrupted", flush=True)
     sys.exit(130)
+  except SystemExit:
+    print("terminated", flush=True)
+    sys.exit(143)
 """)
 
 
-@pytest.mark.parametrize("mode", ["keep", "default"])
-def test_a_ctrl_c_that_lands_in_a_gc_callback_is_not_lost(mode):
-  p = subprocess.Popen([sys.executable, "-c", _CTRL_C_IN_GC, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+@pytest.mark.parametrize("sig,mode", [("SIGINT", "keep"), ("SIGINT", "default"), ("SIGTERM", "keep"),
+                                      ("SIGTERM", "raise")])
+def test_a_stop_signal_that_lands_in_a_gc_callback_is_not_lost(sig, mode):
+  p = subprocess.Popen([sys.executable, "-c", _STOP_IN_GC, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True)
   assert p.stdout.readline().strip() == "in callback"
-  p.send_signal(signal.SIGINT)
+  p.send_signal(getattr(signal, sig))
   out, err = p.communicate(timeout=60)
-  if mode == "keep":  # the entry points' setting: delivered again, the program stops as for any Ctrl-C
-    assert (p.returncode, out.strip()) == (130, "interrupted"), (out, err)
+  if mode == "keep":  # the entry points' setting: delivered again, the program stops as for any Ctrl-C / SIGTERM
+    assert (p.returncode, out.strip()) == ((130, "interrupted") if sig == "SIGINT" else (143, "terminated")), \
+        (out, err)
     assert "Exception ignored" not in err, err
-  else:  # Python's own behaviour, which the setting exists for: the interrupt is only reported
+  else:  # what the setting exists for: a handler's exception in the callback is only reported
     assert (p.returncode, out.strip()) == (0, "finished"), (out, err)
-    assert "KeyboardInterrupt" in err
+    assert ("KeyboardInterrupt" if sig == "SIGINT" else "SystemExit") in err

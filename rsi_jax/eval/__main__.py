@@ -107,5 +107,5 @@ def _evaluate(cfg, out, log_path: str) -> int:
 
 
 if __name__ == "__main__":
-  cli.keep_ctrl_c()
+  cli.keep_stop_signals()
   sys.exit(main())

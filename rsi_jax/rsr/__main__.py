@@ -55,5 +55,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  cli.keep_ctrl_c()
+  cli.keep_stop_signals()
   sys.exit(main())
