@@ -286,8 +286,8 @@ class DockerSandbox:
       res = self.container.exec_run(
           ["/bin/bash", "-c", SHELL_SCRIPT, "bash", str(n), f"{timeout_s:g}",
            str(self.output_cap_bytes)], environment={"RSI_CMD": command}, demux=False)
-    except docker.errors.DockerException as e:
-      self._check_alive("a command")
+    except docker.errors.DockerException as e:  # (an exec into a container being killed fails so)
+      self._check_alive_after_a_kill("a command")
       raise SandboxError(DOCKER_ERROR, f"exec failed: {e}") from None
     finally:
       backstop.cancel()
@@ -332,8 +332,8 @@ class DockerSandbox:
     try:
       res = self.container.exec_run(["/bin/bash", "-c", RAW_SCRIPT, "bash", *argv],
                                     environment=environment, workdir=workdir, demux=False)
-    except docker.errors.DockerException as e:
-      self._check_alive(argv[0])
+    except docker.errors.DockerException as e:  # (an exec into a container being killed fails so)
+      self._check_alive_after_a_kill(argv[0])
       raise SandboxError(DOCKER_ERROR, f"exec failed: {e}") from None
     dt = time.time() - t0
     out = (res.output or b"")
