@@ -41,8 +41,10 @@ def main(argv=None) -> int:
   held = {"unseen": as_reply(bc.pairs(a.eval, 1, unseen)), "seen, new pairs": as_reply(bc.pairs(a.eval, 2, seen))}
   print(f"corpus: {a.pairs} pairs over {len(seen)} values, {len(bc.SHAPES)} shapes"
         f"{' (broken: values not copied)' if a.broken else ''}; {len(unseen)} values kept out", flush=True)
+  # the learning check's SFT optimizer (configs/learn_check.yml: no weight decay, which would shrink the tied
+  # embeddings of the values the corpus never holds, and so their logits, at every update)
   check = SFTCheck(tok, ChatRenderer(tok), train, held["unseen"], seq_len=80, batch=a.batch, epochs=a.epochs,
-                   max_new_tokens=48, overrides=a.overrides)
+                   max_new_tokens=48, overrides=["actor_optim.weight_decay=0.0", *a.overrides])
   t0 = time.time()
 
   def report(n, state, aux):

@@ -55,3 +55,31 @@ def test_the_broken_variant_keeps_instructions_and_programs_but_not_the_values(p
   words = set(seen)
   copied = sum(all(w in i for w in re.findall(r"[a-z]+", c) if w in words) for i, c in broken)
   assert copied <= 2, copied  # a value drawn afresh is (almost) never the instruction's
+
+
+def _value_tokens(tokenizer, text: str, value: str) -> set[tuple[int, ...]]:
+  """The token ids covering each occurrence of ``value`` in ``text`` (as whole word: not inside another)."""
+  ids = tokenizer.encode(text)
+  ends, n = [], 0
+  for t in ids:
+    n += len(tokenizer.decode([t]))
+    ends.append(n)
+  assert n == len(text), "the corpus is ASCII: a token's text is its share of the characters"
+  out = set()
+  for m in re.finditer(rf"(?<![a-z]){value}(?![a-z])", text):
+    starts = [e - len(tokenizer.decode([t])) for t, e in zip(ids, ends)]
+    out.add(tuple(t for t, s, e in zip(ids, starts, ends) if s < m.end() and e > m.start()))
+  return out
+
+
+def test_a_value_is_the_same_tokens_in_the_command_as_in_its_instruction(tokenizer, pools):
+  """Copying an unseen value is copying its tokens: a value that the tokenizer splits one way in the instruction
+  (`` farm``, after a space) and another in the command (``/farm``, ``'farm``) cannot be copied by a model that
+  never saw the value, only spelled. So every value keeps its neighbour (space, ``/``, ...) in both."""
+  _, unseen = pools
+  for k, (instruction, command) in enumerate(bc.pairs(8 * len(bc.SHAPES), 3, unseen)):
+    shape = bc.SHAPES[k % len(bc.SHAPES)]
+    reply = bc.reply(command)
+    for v in {w for w in re.findall(r"[a-z]+", command) if w in set(unseen)}:
+      said, done = _value_tokens(tokenizer, instruction, v), _value_tokens(tokenizer, reply, v)
+      assert done and done <= said, (shape.name, instruction, command, v, said, done)
