@@ -20,7 +20,8 @@ def main(argv=None):
   ap.add_argument("--heldout", type=int, default=4, help="held-out tasks per template")
   ap.add_argument("--base", type=int, default=0, help="base (warm-start demonstration) tasks per template")
   ap.add_argument("--run-file", default="", help="write OUT/run.yml over this config, naming the splits")
-  ap.add_argument("--templates", default="", help="comma-separated template names (default: all)")
+  ap.add_argument("--templates", default="", help="comma-separated template names or sets "
+                  "(one-command, multi-step; default: one-command)")
   a = ap.parse_args(argv)
   try:
     paths = make_suite(a.out, seed=a.seed, train_per_template=a.train, heldout_per_template=a.heldout,

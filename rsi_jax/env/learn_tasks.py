@@ -1,5 +1,5 @@
 """A generated task family suite for the learning check (``scripts/learn_check.sh``): real Harbor-layout task
-folders from templates, each solved by one shell command, verified by its own pytest tests in the sandbox
+folders from templates, each solved by one shell command (or, in the multi-step families, two or three), verified by its own pytest tests in the sandbox
 (one check per task, which an untouched container fails: no reward for doing nothing).
 
 Six templates (the task's family is the template's name), each with parameters drawn from small vocabularies
@@ -16,6 +16,19 @@ upper-case      /app/data/{a}.txt in upper case -> /app/{b}.txt        ``tr a-z 
 find-word       the lines of /app/data/log.txt holding {w} -> {b}.txt  ``grep {w} /app/data/log.txt > ...``
 ==============  =====================================================  ==========================================
 
+and four multi-step families (:data:`MULTI_STEP_TEMPLATES`), where a value the last command needs is in a file,
+not in the instruction: the reference solution reads it first (2-3 commands; ``c``, ``n``: the hidden value)
+
+==============  =====================================================  ==========================================
+family          instruction (abridged)                                 reference solution
+==============  =====================================================  ==========================================
+pointer-copy    /app/data/{a}.txt names a file there; copy it -> {b}   ``cat /app/data/{a}.txt``; ``cp ...{c}.txt``
+find-file       the one file of /app/data holding {w}: its name -> {b}  ``grep -l {w} /app/data/*.txt``; ``echo``
+count-dir       create /app/{b}/N, N the line count of data/{a}.txt    ``wc -l < /app/data/{a}.txt``; ``mkdir``
+find-move       make /app/{b}, copy the file holding {w} into it       ``grep -l``; ``mkdir -p``; ``cp``
+==============  =====================================================  ==========================================
+
+A suite is of the one-command families unless it names others (a family, or a set of :data:`TEMPLATE_SETS`).
 :func:`make_suite` writes a train split and a held-out split that share no (template, parameters)
 combination: per template, the combinations are shuffled with the seed and dealt to held-out first, then
 train, then (when asked for) a third split, ``base``: the warm start's demonstrations, which stand in for what
@@ -56,6 +69,7 @@ class Template:
   solution: Callable[..., str]
   files: Callable[..., dict]  # {path under /app: content}
   checks: Callable[..., str]  # pytest source (functions) checking the outcome
+  hidden: int = 0  # trailing parameters the instruction does not give (read from a file): kept out of the name
 
 
 def _log(w: str) -> list[str]:
@@ -109,7 +123,73 @@ TEMPLATES = (
                       f"  want = [x for x in Path('/tests/data/log.txt').read_text().splitlines() if {w!r} in x]\n"
                       f"  assert Path('/app/{b}.txt').read_text().splitlines() == want\n")),
 )
-BY_NAME = {t.name: t for t in TEMPLATES}
+
+
+def _others(key: str, exclude, k: int) -> list[str]:
+  """``k`` of :data:`NAMES` other than ``exclude``, drawn by ``key`` (decoy files beside the one a task is about)."""
+  return random.Random(f"others-{key}").sample([x for x in NAMES if x not in exclude], k)
+
+
+def _lines_without(key: str, n: int, w: str) -> list[str]:
+  rng = random.Random(f"without-{key}")
+  words = [x for x in WORDS if x != w]
+  return [" ".join(rng.sample(words, rng.randint(1, 3))) for _ in range(n)]
+
+
+def _with_word(key: str, w: str) -> str:
+  """A data file's text with ``w`` on one of its lines (the file a find task is about)."""
+  lines = _lines_without(key, 4, w)
+  k = int(hashlib.sha256(key.encode()).hexdigest(), 16) % len(lines)
+  lines[k] = f"{lines[k]} {w}"
+  return "\n".join(lines) + "\n"
+
+
+def _decoys(key: str, exclude, w: str = "") -> dict:
+  return {f"data/{x}.txt": "\n".join(_lines_without(f"{key}-{x}", 3, w)) + "\n" for x in _others(key, exclude, 2)}
+
+
+# Multi-step families: what the instruction asks for depends on a file's contents, so the reference solution
+# first reads (its output decides the next command), then acts; 2-3 commands. A sampled episode that verifies
+# can carry wasted or wrong turns before the ones that did the work -- what a rewrite into a runbook removes.
+MULTI_STEP_TEMPLATES = (
+    Template(
+        "pointer-copy", lambda: list(itertools.permutations(NAMES, 3)),
+        lambda a, b, c: (f"The file /app/data/{a}.txt holds the name of another file in /app/data. "
+                         f"Copy that file to /app/{b}.txt"),
+        lambda a, b, c: f"cat /app/data/{a}.txt\ncp /app/data/{c}.txt /app/{b}.txt",
+        lambda a, b, c: {f"data/{a}.txt": f"{c}.txt\n",
+                         f"data/{c}.txt": "\n".join(_lines(f"pointer-{a}-{b}-{c}", 4)) + "\n",
+                         **_decoys(f"pointer-{a}-{b}-{c}", (a, b, c))},
+        lambda a, b, c: (f"def test_the_named_file_is_copied():\n"
+                         f"  assert Path('/app/{b}.txt').read_bytes() == Path('/tests/data/{c}.txt').read_bytes()\n"), hidden=1),
+    Template(
+        "find-file", lambda: [(w, b, c) for w in WORDS for b, c in itertools.permutations(NAMES, 2)],
+        lambda w, b, c: (f"Exactly one file in /app/data contains the word {w}. Write that file's name, without "
+                         f"its folder, to /app/{b}.txt"),
+        lambda w, b, c: f"grep -l {w} /app/data/*.txt\necho {c}.txt > /app/{b}.txt",
+        lambda w, b, c: {f"data/{c}.txt": _with_word(f"find-{w}-{b}-{c}", w), **_decoys(f"find-{w}-{b}-{c}", (b, c), w)},
+        lambda w, b, c: (f"def test_the_file_name():\n"
+                         f"  assert Path('/app/{b}.txt').read_text().strip() == '{c}.txt'\n"), hidden=1),
+    Template(
+        "count-dir", lambda: [(a, b, str(n)) for a, b in itertools.permutations(NAMES, 2) for n in range(2, 10)],
+        lambda a, b, n: (f"Count the lines of /app/data/{a}.txt, then create the directory /app/{b}/N where N is "
+                         f"that count"),
+        lambda a, b, n: f"wc -l < /app/data/{a}.txt\nmkdir -p /app/{b}/{n}",
+        lambda a, b, n: {f"data/{a}.txt": "\n".join(_lines(f"count-dir-{a}-{b}-{n}", int(n))) + "\n"},
+        lambda a, b, n: (f"def test_one_directory_named_by_the_count():\n"
+                         f"  assert sorted(p.name for p in Path('/app/{b}').iterdir()) == ['{n}']\n"
+                         f"  assert Path('/app/{b}/{n}').is_dir()\n"), hidden=1),
+    Template(
+        "find-move", lambda: [(w, b, c) for w in WORDS for b, c in itertools.permutations(NAMES, 2)],
+        lambda w, b, c: (f"Create the directory /app/{b} and copy into it the one file of /app/data that "
+                         f"contains the word {w}"),
+        lambda w, b, c: f"grep -l {w} /app/data/*.txt\nmkdir -p /app/{b}\ncp /app/data/{c}.txt /app/{b}/",
+        lambda w, b, c: {f"data/{c}.txt": _with_word(f"move-{w}-{b}-{c}", w), **_decoys(f"move-{w}-{b}-{c}", (b, c), w)},
+        lambda w, b, c: (f"def test_only_the_file_with_the_word_is_copied():\n"
+                         f"  assert sorted(p.name for p in Path('/app/{b}').iterdir()) == ['{c}.txt']\n"
+                         f"  assert Path('/app/{b}/{c}.txt').read_bytes() == Path('/tests/data/{c}.txt').read_bytes()\n"), hidden=1),
+)
+BY_NAME = {t.name: t for t in TEMPLATES + MULTI_STEP_TEMPLATES}
 
 TASK_TOML = """version = "1.0"
 
@@ -147,7 +227,12 @@ fi
 
 
 def task_name(template: Template, params: tuple) -> str:
-  return "-".join((template.name, *params))
+  """``<family>-<parameters>``; a hidden parameter is not spelled out (a short hash of all of them instead), so a
+  task's name, which a log or a container label may show, does not give away what the agent has to read."""
+  if not template.hidden:
+    return "-".join((template.name, *params))
+  shown = params[:len(params) - template.hidden]
+  return "-".join((template.name, *shown, hashlib.sha256("-".join(params).encode()).hexdigest()[:6]))
 
 
 def write_task(root: Path, template: Template, params: tuple, base_image: str = "rsi-base") -> Path:
@@ -178,19 +263,45 @@ def write_task(root: Path, template: Template, params: tuple, base_image: str = 
   return d
 
 
+TEMPLATE_SETS = {"one-command": TEMPLATES, "multi-step": MULTI_STEP_TEMPLATES}
+
+
+def selected(names: Sequence[str] = ()) -> tuple[Template, ...]:
+  """The templates ``names`` selects, in declaration order: template names or set names (:data:`TEMPLATE_SETS`);
+  none: the one-command set (the learning check's design)."""
+  known = set(BY_NAME) | set(TEMPLATE_SETS)
+  unknown = sorted(set(names) - known)
+  if unknown:
+    raise ValueError(f"unknown template(s) {unknown}; known: {sorted(known)}")
+  if not names:
+    return TEMPLATES
+  want = {t.name for n in names for t in TEMPLATE_SETS.get(n, (BY_NAME.get(n),))}
+  return tuple(t for t in TEMPLATES + MULTI_STEP_TEMPLATES if t.name in want)
+
+
+def _one_per_instruction(t: Template, seed: int) -> list[tuple]:
+  """The template's parameter combinations, sorted; of those that differ only in hidden parameters (one
+  instruction), one drawn by the seed, so no instruction is in two splits."""
+  if not t.hidden:
+    return sorted(t.params())
+  groups: dict[tuple, list[tuple]] = {}
+  for p in sorted(t.params()):
+    groups.setdefault(p[:len(p) - t.hidden], []).append(p)
+  rng = random.Random(f"{seed}-{t.name}-hidden")
+  return [rng.choice(g) for _, g in sorted(groups.items())]
+
+
 def split(seed: int, train_per_template: int, heldout_per_template: int,
           templates: Sequence[str] = (), base_per_template: int = 0) -> dict[str, list[tuple[Template, tuple]]]:
   """{"train": [...], "heldout": [...]} (and "base" when ``base_per_template``) of (template, parameters); no
   combination is in two splits. Held-out and train do not depend on ``base_per_template``."""
   sizes = {"heldout": heldout_per_template, "train": train_per_template, "base": base_per_template}
   out: dict[str, list] = {k: [] for k, n in sizes.items() if n or k != "base"}
-  for t in TEMPLATES:
-    if templates and t.name not in templates:
-      continue
-    combos = sorted(t.params())
+  for t in selected(templates):
+    combos = _one_per_instruction(t, seed)
     random.Random(f"{seed}-{t.name}").shuffle(combos)
     if sum(sizes.values()) > len(combos):
-      raise ValueError(f"template {t.name} has {len(combos)} parameter combinations, fewer than "
+      raise ValueError(f"template {t.name} has {len(combos)} {'instructions' if t.hidden else 'parameter combinations'}, fewer than "
                        f"{heldout_per_template} held-out + {train_per_template} train"
                        + (f" + {base_per_template} base" if base_per_template else ""))
     start = 0
@@ -206,9 +317,7 @@ def make_suite(out_dir, *, seed: int = 0, train_per_template: int = 24, heldout_
                base_per_template: int = 0) -> dict[str, Path]:
   """Write ``out_dir/train`` and ``out_dir/heldout`` (``out_dir/base`` too when ``base_per_template``, and
   ``out_dir/suite.json``: what was generated); returns {split: path}."""
-  unknown = sorted(set(templates) - set(BY_NAME))
-  if unknown:
-    raise ValueError(f"unknown template(s) {unknown}; known: {sorted(BY_NAME)}")
+  chosen = selected(templates)
   out = Path(out_dir)
   parts = split(seed, train_per_template, heldout_per_template, templates, base_per_template)
   paths = {}
@@ -223,7 +332,7 @@ def make_suite(out_dir, *, seed: int = 0, train_per_template: int = 24, heldout_
   (out / "suite.json").write_text(json.dumps(
       {"seed": seed, "train_per_template": train_per_template, "heldout_per_template": heldout_per_template,
        "base_per_template": base_per_template,
-       "templates": [t.name for t in TEMPLATES if not templates or t.name in templates],
+       "templates": [t.name for t in chosen],
        **{k: [task_name(t, p) for t, p in v] for k, v in parts.items()}}, indent=1) + "\n")
   return paths
 
@@ -244,9 +353,10 @@ FAILURE_MODES = ("wrong arguments", "other command", "malformed", "no command")
 
 
 def reference_command(task_dir: str | Path) -> str:
-  """The one command of a task's reference solution (the last line of ``solution/solve.sh``)."""
+  """The first command of a task's reference solution (``solution/solve.sh``; a one-command task's only one):
+  what a failed attempt's first action is told apart by."""
   lines = [x.strip() for x in (Path(task_dir) / "solution" / "solve.sh").read_text().splitlines()]
-  return [x for x in lines if x and not x.startswith("#")][-1]
+  return [x for x in lines if x and not x.startswith("#")][0]
 
 
 def failure_mode(actions: Sequence[str], reference: str) -> str:

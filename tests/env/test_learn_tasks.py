@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rsi_jax.env.learn_tasks import BY_NAME, TEMPLATES, make_suite, split
+from rsi_jax.env.learn_tasks import BY_NAME, MULTI_STEP_TEMPLATES, TEMPLATES, make_suite, split
 from rsi_jax.env.tasks import LAYOUT_HARBOR, load_tasks
 
 
@@ -15,7 +15,7 @@ def test_splits_share_no_combination_and_cover_every_template():
   train = {(t.name, p) for t, p in parts["train"]}
   held = {(t.name, p) for t, p in parts["heldout"]}
   assert len(train) == 8 * len(TEMPLATES) and len(held) == 4 * len(TEMPLATES) and not train & held
-  assert {t for t, _ in held} == set(BY_NAME)
+  assert {t for t, _ in held} == {t.name for t in TEMPLATES}  # the one-command families unless named
   # the instruction names every parameter: no held-out instruction occurs in training
   instr = lambda items: {BY_NAME[t].instruction(*p) for t, p in items}  # noqa: E731
   assert not instr(train) & instr(held)
@@ -23,6 +23,35 @@ def test_splits_share_no_combination_and_cover_every_template():
   assert split(seed=4, train_per_template=8, heldout_per_template=4)["heldout"] != parts["heldout"]
   with pytest.raises(ValueError, match="fewer than"):
     split(seed=0, train_per_template=100, heldout_per_template=4)
+
+
+def test_multi_step_tasks_hide_what_the_last_command_needs_and_share_no_instruction_across_splits(tmp_path):
+  """A multi-step family's last command needs a value that only a file gives (the instruction and the task's
+  name do not), so the reference solution reads it first; two tasks that differ only in that value would share
+  an instruction, so a split holds one of them."""
+  from rsi_jax.env.learn_tasks import reference_command, selected, task_name, write_task
+  assert selected(["multi-step"]) == MULTI_STEP_TEMPLATES and selected([]) == TEMPLATES
+  assert [t.name for t in selected(["find-file", "write-word"])] == ["write-word", "find-file"]
+  with pytest.raises(ValueError, match=r"unknown template\(s\) \['nope'\]"):
+    selected(["nope"])
+  parts = split(seed=3, train_per_template=24, heldout_per_template=24, templates=["multi-step"])
+  for name, items in parts.items():
+    assert sorted({t.name for t, _ in items}) == sorted(t.name for t in MULTI_STEP_TEMPLATES), name
+  instr = {k: {t.instruction(*p) for t, p in v} for k, v in parts.items()}
+  assert len(instr["train"]) == len(instr["heldout"]) == 24 * 4 and not instr["train"] & instr["heldout"]
+  for t in MULTI_STEP_TEMPLATES:
+    assert t.hidden == 1
+    for p in t.params()[:: 37]:
+      hidden, shown = p[-1], p[:-1]
+      steps = t.solution(*p).splitlines()
+      assert 2 <= len(steps) <= 3 and hidden in steps[-1] and hidden not in steps[0], (t.name, steps)
+      assert hidden not in t.instruction(*p) and all(v in t.instruction(*p) for v in shown), (t.name, p)
+      assert hidden not in task_name(t, p).split("-"), task_name(t, p)
+  d = write_task(tmp_path, BY_NAME["count-dir"], ("alpha", "beta", "7"))
+  assert reference_command(d) == "wc -l < /app/data/alpha.txt"  # the first command: what a first action is told by
+  assert len((d / "environment" / "data" / "alpha.txt").read_text().splitlines()) == 7
+  with pytest.raises(ValueError, match="pointer-copy has 56 instructions, fewer than 40 held-out"):
+    split(seed=0, train_per_template=24, heldout_per_template=40, templates=["pointer-copy"])
 
 
 def test_base_split_is_disjoint_from_train_and_heldout_and_leaves_them_unchanged():
@@ -75,8 +104,10 @@ def test_oracle_solves_both_splits_and_doing_nothing_solves_none(tmp_path, docke
   from rsi_jax.env.harness import JsonHarness, OracleHarness, ScriptedPolicy
   from rsi_jax.env.pool import EnvPool
   from rsi_jax.policy import SamplingParams
-  paths = make_suite(tmp_path, seed=0, train_per_template=2, heldout_per_template=2)
+  paths = make_suite(tmp_path, seed=0, train_per_template=2, heldout_per_template=2,
+                     templates=["one-command", "multi-step"])
   tasks = load_tasks(paths["train"]) + load_tasks(paths["heldout"])
+  assert len(tasks) == 4 * (len(TEMPLATES) + len(MULTI_STEP_TEMPLATES))
   nothing = lambda: JsonHarness(ScriptedPolicy(tokenizer, ['{"done": true}']), renderer,  # noqa: E731
                                 SamplingParams(), max_turns=1)
   with EnvPool(settings, concurrency=4) as pool:
