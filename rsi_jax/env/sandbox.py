@@ -21,7 +21,6 @@ import dataclasses
 import io
 import logging
 import os
-import re
 import socket
 import tarfile
 import threading
@@ -35,7 +34,7 @@ import docker.errors
 
 from rsi_jax.env.overlay import local_layers, overlay_changes, tree_bytes
 from rsi_jax.env.reaper import _LIVE, _LIVE_LOCK, LABEL_EPISODE, LABEL_HOST, LABEL_PID, LABEL_RUN, LABEL_TASK
-from rsi_jax.env.sandbox_shell import COLLECT_SCRIPT, EXIT_TRAILER, INIT_CMD, RAW_SCRIPT, SHELL_SCRIPT
+from rsi_jax.env.sandbox_shell import COLLECT_SCRIPT, INIT_CMD, RAW_SCRIPT, SHELL_SCRIPT, split_trailer
 
 log = logging.getLogger(__name__)
 
@@ -60,20 +59,6 @@ class SandboxError(RuntimeError):
   def __init__(self, kind: str, message: str):
     super().__init__(f"{kind}: {message}")
     self.kind = kind
-
-
-_TRAILER_RE = re.compile(re.escape(EXIT_TRAILER) + rb"(-?\d+)\x1e")
-
-
-def _split_trailer(out: bytes) -> tuple[bytes, int] | None:
-  """A shell's output and the exit code its :data:`EXIT_TRAILER` gives, or None where the trailer is missing.
-  Output after the trailer (a child still writing after the command ended) is kept, after the rest."""
-  last = None
-  for last in _TRAILER_RE.finditer(out):
-    pass
-  if last is None:
-    return None
-  return out[:last.start()] + out[last.end():], int(last.group(1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +126,7 @@ class DockerSandbox:
     self._layers = None  # (upper, lowers) read here for changes(); False: the daemon answers
     self.start_latency_s = None
     self._n = 0
+    self._raw_read: list[str] = []  # trusted commands' kept outputs the host has read (removed by the next one)
     self._closed = False
 
   # -- lifecycle
@@ -293,14 +279,14 @@ class DockerSandbox:
       backstop.cancel()
     dt = time.time() - t0
     out = res.output or b""
-    done = _split_trailer(out)
+    done = split_trailer(out)
     if done is None:
       # The shell was killed: by its watchdog (timeout), by the agent itself, or with the container.
       self._check_alive("a command")
       col = self.exec_raw(["/bin/bash", "-c", COLLECT_SCRIPT, "bash", str(n), str(self.output_cap_bytes)],
                           timeout_s=30)
       status, _, out = col.output.partition("\n")
-      done = _split_trailer(out.encode()) if status == "DONE" else None
+      done = split_trailer(out.encode()) if status == "DONE" else None
       if done is not None:  # it finished; Docker lost its output stream
         log.warning("%s: command %d's output stream was lost; its result was read from the container",
                     self.task_name, n)
@@ -326,8 +312,11 @@ class DockerSandbox:
     """Run a trusted command (not through the agent's shell state) with a fixed environment; its whole
     process group is killed at the timeout. A command that ended on its own without its output arriving is
     :class:`SandboxError` (``docker_error``: infrastructure), never an empty output."""
+    kept = f"/tmp/.rsi_raw.{uuid.uuid4().hex}"
+    read, self._raw_read = self._raw_read, []
     environment = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "HOME": "/root", "RSI_TIMEOUT": f"{timeout_s:g}"}
     environment.update(env or {})
+    environment.update(RSI_RAW_OUT=kept, RSI_RAW_DONE=" ".join(read))
     t0 = time.time()
     try:
       res = self.container.exec_run(["/bin/bash", "-c", RAW_SCRIPT, "bash", *argv],
@@ -338,10 +327,22 @@ class DockerSandbox:
     dt = time.time() - t0
     out = (res.output or b"")
     code = 137 if res.exit_code is None else int(res.exit_code)
-    done = _split_trailer(out)
+    done = split_trailer(out)
+    if done is None and self.is_running():
+      # its output stream was lost (moby/moby#27289: a short command on a loaded machine), or it was killed:
+      # what it wrote is in the container (a plain copy, not an exec's stream)
+      back = self.get_file(kept)
+      if back is not None:
+        done = split_trailer(back)
+        if done is not None:
+          log.info("%s: %s's output stream was lost; its result was read from the container", self.task_name,
+                   argv[0])
+        elif code == 137:
+          out = back  # what a killed command had written
+    self._raw_read.append(kept)
     if done is not None:
       out = done[0]
-    elif code != 137:  # it ended on its own, yet its output did not arrive (moby/moby#27289), or its
+    elif code != 137:  # it ended on its own, yet its output did not arrive and was not kept, or its
       self._check_alive_after_a_kill(argv[0])  # container is being killed
       raise SandboxError(DOCKER_ERROR, f"{argv[0]} exited {code} without its end mark: its shell was killed "
                                        f"or Docker lost its output stream")

@@ -5,8 +5,12 @@ from :data:`SHELL_DIR`, starts a watchdog in a session of its own that kills the
 timeout, writes the output to a file there and prints it back capped, followed by :data:`EXIT_TRAILER` and the
 exit code. That result is also kept in a file until the next command starts: Docker can lose a short exec's
 output stream (moby/moby#27289; seen here once as an empty ``pwd`` on a loaded machine), and then
-:data:`COLLECT_SCRIPT` reads it back, or, for a command that was killed, what it had printed.
+:data:`COLLECT_SCRIPT` reads it back, or, for a command that was killed, what it had printed. A trusted command's
+output is kept the same way, and read back by a plain copy (:data:`RAW_SCRIPT`). :func:`split_trailer` reads the
+trailer.
 """
+
+import re
 
 # The folder of the persistent shell's state, output files and watchdog marks (the scripts below name it).
 SHELL_DIR = "/tmp/.rsi_shell"
@@ -68,16 +72,41 @@ rm -f "$o" /tmp/.rsi_shell/timeout.$1
 """
 
 # A trusted command with a fixed environment and a hard timeout on its whole process group, its output followed
-# by EXIT_TRAILER and its exit code (a command that ended without one lost its output stream). argv: cmd...
+# by EXIT_TRAILER and its exit code (a command that ended without one lost its output stream). Its output and
+# trailer are also kept in $RSI_RAW_OUT, from where the host reads them back when Docker loses the exec's output
+# stream (moby/moby#27289; a short command on a loaded machine) or the command is killed; $RSI_RAW_DONE: the
+# kept outputs the host has read. argv: cmd...
 RAW_SCRIPT = r"""
 /usr/bin/setsid /bin/bash -c '/usr/bin/sleep "$1"; kill -KILL -- -"$2"' _ "$RSI_TIMEOUT" $$ \
   </dev/null >/dev/null 2>&1 &
 w=$!
 disown "$w"
-exec 2>&1  # one stream: Docker delivers stdout and stderr in no fixed order
-"$@"
+rm -f -- $RSI_RAW_DONE 2>/dev/null
+kept=
+if { : >"$RSI_RAW_OUT"; } 2>/dev/null && exec 4<"$RSI_RAW_OUT"; then
+  exec 3>&1 >>"$RSI_RAW_OUT" 2>&1  # one stream (Docker delivers stdout and stderr in no fixed order), kept
+  kept=1
+else
+  exec 2>&1  # /tmp is not writable: the stream only
+fi
+"$@" 3>&- 4<&-
 rc=$?
 kill -KILL -- -"$w" 2>/dev/null
 printf '\036RSI:%d\036' $rc
+if [ -n "$kept" ]; then exec >&3 3>&-; cat <&4; fi  # (from the open file: the command may have removed it)
 exit $rc
 """
+
+
+TRAILER_RE = re.compile(re.escape(EXIT_TRAILER) + rb"(-?\d+)\x1e")
+
+
+def split_trailer(out: bytes) -> tuple[bytes, int] | None:
+  """A shell's output and the exit code its :data:`EXIT_TRAILER` gives, or None where the trailer is missing.
+  Output after the trailer (a child still writing after the command ended) is kept, after the rest."""
+  last = None
+  for last in TRAILER_RE.finditer(out):
+    pass
+  if last is None:
+    return None
+  return out[:last.start()] + out[last.end():], int(last.group(1))

@@ -110,34 +110,63 @@ def test_a_lost_output_stream_is_read_back_from_the_container(box, monkeypatch):
   assert r.exit_code == 137 and not r.timed_out
 
 
-def test_a_trusted_command_whose_output_is_lost_is_an_infrastructure_error(box, monkeypatch):
+def test_a_trusted_command_whose_output_stream_is_lost_is_read_back_from_the_container(box, monkeypatch):
   """The verifier's and the tamper check's trusted commands are read by their output (interpreters' site
-  folders, programs put on the PATH): an output lost by Docker (mocked as above) must not read as "none"."""
+  folders, programs put on the PATH). Docker loses a short exec's output stream on a loaded machine
+  (moby/moby#27289; 3 of 80 oracle episodes with the CPUs busy): the result kept in the container is read
+  back (a plain copy, not a stream). Where it cannot be, the loss is an infrastructure error, never "no
+  output"."""
   from rsi_jax.env.sandbox import DOCKER_ERROR
   from rsi_jax.env.sandbox_shell import RAW_SCRIPT
   assert box.exec_raw(["/bin/echo", "site"], timeout_s=10).output == "site\n"  # the end mark is not output
   assert box.exec_raw(["/bin/bash", "-c", "echo no; exit 4"], timeout_s=10).exit_code == 4
   real = box.container.exec_run
-  monkeypatch.setattr(box.container, "exec_run", lambda cmd, **kw: (
-      lambda res: type(res)(res.exit_code, b"") if RAW_SCRIPT in cmd else res)(real(cmd, **kw)))
-  with pytest.raises(SandboxError) as e:
-    box.exec_raw(["/bin/echo", "site"], timeout_s=10)
+  lost = []
+
+  def losing(cmd, **kw):
+    res = real(cmd, **kw)
+    if RAW_SCRIPT not in cmd:
+      return res
+    lost.append(res.output)
+    return type(res)(res.exit_code, b"")
+
+  monkeypatch.setattr(box.container, "exec_run", losing)
+  r = box.exec_raw(["/bin/bash", "-c", "echo site; echo err >&2; exit 3"], timeout_s=10)
+  assert (r.output, r.exit_code, r.timed_out) == ("site\nerr\n", 3, False)
+  assert lost == [b"site\nerr\n\x1eRSI:3\x1e"]  # what Docker would have delivered
+  # a kill -1 (the verifier's first step) spares the script, and its kept result is read back too
+  assert box.exec_raw(["kill", "-KILL", "-1"], timeout_s=10).exit_code == 0
+  with pytest.raises(SandboxError) as e:  # nothing kept to read back: the command removed it
+    box.exec_raw(["/bin/bash", "-c", "rm -f /tmp/.rsi_raw.*; echo site"], timeout_s=10)
   assert e.value.kind == DOCKER_ERROR and "lost its output stream" in str(e.value)
   monkeypatch.undo()
-  # a command killed at its timeout has no end mark and is not an error
-  r = box.exec_raw(["/bin/sleep", "30"], timeout_s=1)
-  assert r.exit_code == 137 and r.timed_out
+  # the host removes the kept results it has read, with the next trusted command
+  assert box.exec_raw(["/bin/bash", "-c", "ls -a /tmp | grep -c rsi_raw"], timeout_s=10).output == "1\n"
+  # removing its kept copy does not cost a command its output when the stream arrives
+  r = box.exec_raw(["/bin/bash", "-c", "rm -f /tmp/.rsi_raw.*; echo still"], timeout_s=10)
+  assert (r.output, r.exit_code) == ("still\n", 0)
+  # nor does a /tmp it cannot write (the stream only)
+  r = box.exec_raw(["/bin/bash", "-c", "echo fine"], timeout_s=10, env={"RSI_RAW_OUT": "/nonexistent/x"})
+  assert (r.output, r.exit_code) == ("fine\n", 0)
 
 
-def test_output_after_a_trusted_commands_end_mark_is_kept(box):
-  """Docker delivers stdout and stderr as two streams in no fixed order, and a child left running can write
-  after the command ended: a verifier whose last stderr line came after the end mark was read as a broken
-  exit code (an infrastructure failure in place of the verifier's own "command not found")."""
-  r = box.exec_raw(["/bin/bash", "-c", "(sleep 0.3; echo late >&2) & echo early; exit 127"], timeout_s=10)
-  assert (r.output, r.exit_code, r.timed_out) == ("early\nlate\n", 127, False)
-  # stderr and stdout of one command keep their order
+def test_a_killed_trusted_command_keeps_what_it_wrote(box):
+  """A command killed at its timeout has no end mark and is not an error; what it printed before is kept."""
+  r = box.exec_raw(["/bin/bash", "-c", "echo started; exec sleep 30"], timeout_s=1)
+  assert (r.output, r.exit_code, r.timed_out) == ("started\n", 137, True)
+
+
+def test_a_trusted_commands_output_is_one_stream_and_ends_with_it(box):
+  """Docker delivers stdout and stderr as two streams in no fixed order: a verifier whose last stderr line came
+  after the end mark was read as a broken exit code (an infrastructure failure in place of the verifier's own
+  "command not found"). One command's output is one stream in its order; a child it leaves behind neither
+  holds the exec open nor breaks the exit code."""
   r = box.exec_raw(["/bin/bash", "-c", "echo one; echo two >&2; echo three"], timeout_s=10)
   assert r.output == "one\ntwo\nthree\n"
+  t0 = time.time()
+  r = box.exec_raw(["/bin/bash", "-c", "(sleep 3; echo late >&2) & echo early; nocommand; exit 127"], timeout_s=10)
+  assert r.exit_code == 127 and r.output.startswith("early\n") and "nocommand: command not found" in r.output
+  assert time.time() - t0 < 2.5
 
 
 def test_timeout_hard_kill_and_recovery(box):
