@@ -1,6 +1,7 @@
 """A generated task family suite for the learning check (``scripts/learn_check.sh``): real Harbor-layout task
-folders from templates, each solved by one shell command (or, in the multi-step families, two or three), verified by its own pytest tests in the sandbox
-(one check per task, which an untouched container fails: no reward for doing nothing).
+folders from templates, each solved by one shell command (in the multi-step families, two or three), verified
+by its own pytest tests in the sandbox (one check per task, which an untouched container fails: no reward for
+doing nothing).
 
 Six templates (the task's family is the template's name), each with parameters drawn from small vocabularies
 of file names and words:
@@ -148,6 +149,16 @@ def _decoys(key: str, exclude, w: str = "") -> dict:
   return {f"data/{x}.txt": "\n".join(_lines_without(f"{key}-{x}", 3, w)) + "\n" for x in _others(key, exclude, 2)}
 
 
+def _word_holder(kind: str) -> Callable[..., dict]:
+  """The data files of a find task (w, b, c): ``c`` holds the word ``w``, two decoys do not."""
+  return lambda w, b, c: {f"data/{c}.txt": _with_word(f"{kind}-{w}-{b}-{c}", w),
+                          **_decoys(f"{kind}-{w}-{b}-{c}", (b, c), w)}
+
+
+def _word_and_two_names() -> list[tuple]:
+  return [(w, b, c) for w in WORDS for b, c in itertools.permutations(NAMES, 2)]
+
+
 # Multi-step families: what the instruction asks for depends on a file's contents, so the reference solution
 # first reads (its output decides the next command), then acts; 2-3 commands. A sampled episode that verifies
 # can carry wasted or wrong turns before the ones that did the work -- what a rewrite into a runbook removes.
@@ -161,13 +172,14 @@ MULTI_STEP_TEMPLATES = (
                          f"data/{c}.txt": "\n".join(_lines(f"pointer-{a}-{b}-{c}", 4)) + "\n",
                          **_decoys(f"pointer-{a}-{b}-{c}", (a, b, c))},
         lambda a, b, c: (f"def test_the_named_file_is_copied():\n"
-                         f"  assert Path('/app/{b}.txt').read_bytes() == Path('/tests/data/{c}.txt').read_bytes()\n"), hidden=1),
+                         f"  assert Path('/app/{b}.txt').read_bytes() == Path('/tests/data/{c}.txt').read_bytes()\n"),
+        hidden=1),
     Template(
-        "find-file", lambda: [(w, b, c) for w in WORDS for b, c in itertools.permutations(NAMES, 2)],
+        "find-file", _word_and_two_names,
         lambda w, b, c: (f"Exactly one file in /app/data contains the word {w}. Write that file's name, without "
                          f"its folder, to /app/{b}.txt"),
         lambda w, b, c: f"grep -l {w} /app/data/*.txt\necho {c}.txt > /app/{b}.txt",
-        lambda w, b, c: {f"data/{c}.txt": _with_word(f"find-{w}-{b}-{c}", w), **_decoys(f"find-{w}-{b}-{c}", (b, c), w)},
+        _word_holder("find"),
         lambda w, b, c: (f"def test_the_file_name():\n"
                          f"  assert Path('/app/{b}.txt').read_text().strip() == '{c}.txt'\n"), hidden=1),
     Template(
@@ -180,14 +192,16 @@ MULTI_STEP_TEMPLATES = (
                          f"  assert sorted(p.name for p in Path('/app/{b}').iterdir()) == ['{n}']\n"
                          f"  assert Path('/app/{b}/{n}').is_dir()\n"), hidden=1),
     Template(
-        "find-move", lambda: [(w, b, c) for w in WORDS for b, c in itertools.permutations(NAMES, 2)],
+        "find-move", _word_and_two_names,
         lambda w, b, c: (f"Create the directory /app/{b} and copy into it the one file of /app/data that "
                          f"contains the word {w}"),
         lambda w, b, c: f"grep -l {w} /app/data/*.txt\nmkdir -p /app/{b}\ncp /app/data/{c}.txt /app/{b}/",
-        lambda w, b, c: {f"data/{c}.txt": _with_word(f"move-{w}-{b}-{c}", w), **_decoys(f"move-{w}-{b}-{c}", (b, c), w)},
+        _word_holder("move"),
         lambda w, b, c: (f"def test_only_the_file_with_the_word_is_copied():\n"
                          f"  assert sorted(p.name for p in Path('/app/{b}').iterdir()) == ['{c}.txt']\n"
-                         f"  assert Path('/app/{b}/{c}.txt').read_bytes() == Path('/tests/data/{c}.txt').read_bytes()\n"), hidden=1),
+                         f"  got = Path('/app/{b}/{c}.txt').read_bytes()\n"
+                         f"  assert got == Path('/tests/data/{c}.txt').read_bytes()\n"),
+        hidden=1),
 )
 BY_NAME = {t.name: t for t in TEMPLATES + MULTI_STEP_TEMPLATES}
 
@@ -301,7 +315,8 @@ def split(seed: int, train_per_template: int, heldout_per_template: int,
     combos = _one_per_instruction(t, seed)
     random.Random(f"{seed}-{t.name}").shuffle(combos)
     if sum(sizes.values()) > len(combos):
-      raise ValueError(f"template {t.name} has {len(combos)} {'instructions' if t.hidden else 'parameter combinations'}, fewer than "
+      what = "instructions" if t.hidden else "parameter combinations"
+      raise ValueError(f"template {t.name} has {len(combos)} {what}, fewer than "
                        f"{heldout_per_template} held-out + {train_per_template} train"
                        + (f" + {base_per_template} base" if base_per_template else ""))
     start = 0
