@@ -1,10 +1,12 @@
 """Does the stand-in Base's corpus (rsi_jax.env.base_corpus) teach copying? Trains the tiny model from its random
 init on N corpus pairs (the SFT learning check's harness: tests/rl/test_sft_learning.py's ``SFTCheck``, the RSR
 phase's samples, batches, loss and update) and prints, every K updates, greedy exact match on pairs whose values
-the corpus never holds (``unseen``) and on new pairs over the corpus's own values (``seen, new pairs``).
+the corpus never holds (``unseen``) and on new pairs over the corpus's own values (``seen, new pairs``); at the
+end, exact match on unseen values by shape (where copying fails).
 
 Usage: .venv/bin/python scripts/base_corpus_check.py [--pairs 6000] [--batch 16] [--epochs 1] [--every 75]
-       [--eval 68] [--broken] [key=value ...]      (key=value: config overrides, e.g. model.base_emb_dim=128)
+       [--eval 68] [--by-shape 10] [--broken] [key=value ...]
+       (key=value: config overrides, e.g. model.base_emb_dim=128)
 
 ``--broken``: the corpus's broken variant (each command's values drawn afresh, not copied), which must not
 teach copying. Writes nothing; the figures go into the issue note.
@@ -13,6 +15,7 @@ teach copying. Writes nothing; the figures go into the issue note.
 from __future__ import annotations
 
 import argparse
+import collections
 import sys
 import time
 from pathlib import Path
@@ -28,6 +31,8 @@ def main(argv=None) -> int:
   ap.add_argument("--every", type=int, default=75)
   ap.add_argument("--eval", type=int, default=68, help="evaluation pairs per kind")
   ap.add_argument("--broken", action="store_true")
+  ap.add_argument("--by-shape", type=int, default=10, metavar="N",
+                  help="at the end, exact match on N unseen-value pairs per shape (0: not)")
   ap.add_argument("overrides", nargs="*")
   a = ap.parse_args(argv)
   from rsi_jax.env import base_corpus as bc
@@ -59,7 +64,15 @@ def main(argv=None) -> int:
       print(f"  want {want}\n  got  {got}", flush=True)
 
   try:
-    check.train(after_update=report)
+    params, _ = check.train(after_update=report)
+    if a.by_shape:  # where copying fails: unseen values, by shape (pairs take the shapes in turn)
+      probe = as_reply(bc.pairs(a.by_shape * len(bc.SHAPES), 4, unseen))
+      _, texts = check.exact_match(params, probe)
+      hits = collections.Counter(bc.SHAPES[k % len(bc.SHAPES)].name for k, ((_, want), got)
+                                 in enumerate(zip(probe, texts)) if want == got)
+      print(f"unseen, by shape ({a.by_shape} pairs each; {sum(hits.values()) / len(probe):.3f} in all): "
+            + ", ".join(f"{s.name} {hits[s.name]}" for s in sorted(bc.SHAPES, key=lambda s: hits[s.name])),
+            flush=True)
   finally:
     check.close()
   return 0
