@@ -82,9 +82,10 @@ RAW_SCRIPT = r"""
 w=$!
 disown "$w"
 rm -f -- $RSI_RAW_DONE 2>/dev/null
-kept=
-if { : >"$RSI_RAW_OUT"; } 2>/dev/null && exec 4<"$RSI_RAW_OUT"; then
-  exec 3>&1 >>"$RSI_RAW_OUT" 2>&1  # one stream (Docker delivers stdout and stderr in no fixed order), kept
+o=$RSI_RAW_OUT kept=
+unset RSI_RAW_OUT RSI_RAW_DONE  # (not the command's business)
+if { : >"$o"; } 2>/dev/null && exec 4<"$o"; then
+  exec 3>&1 >>"$o" 2>&1  # one stream (Docker delivers stdout and stderr in no fixed order), kept
   kept=1
 else
   exec 2>&1  # /tmp is not writable: the stream only

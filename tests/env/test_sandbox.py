@@ -145,9 +145,14 @@ def test_a_trusted_command_whose_output_stream_is_lost_is_read_back_from_the_con
   # removing its kept copy does not cost a command its output when the stream arrives
   r = box.exec_raw(["/bin/bash", "-c", "rm -f /tmp/.rsi_raw.*; echo still"], timeout_s=10)
   assert (r.output, r.exit_code) == ("still\n", 0)
-  # nor does a /tmp it cannot write (the stream only)
-  r = box.exec_raw(["/bin/bash", "-c", "echo fine"], timeout_s=10, env={"RSI_RAW_OUT": "/nonexistent/x"})
-  assert (r.output, r.exit_code) == ("fine\n", 0)
+  # nor does a /tmp it cannot write (an agent replaced it with a file: the stream only)
+  assert box.exec_raw(["/bin/bash", "-c", "mv /tmp /tmp.away && touch /tmp"], timeout_s=10).exit_code == 0
+  try:
+    r = box.exec_raw(["/bin/bash", "-c", "echo fine; echo err >&2"], timeout_s=10)
+    assert (r.output, r.exit_code) == ("fine\nerr\n", 0)
+  finally:
+    box.exec_raw(["/bin/bash", "-c", "rm /tmp && mv /tmp.away /tmp"], timeout_s=10)
+  assert "RSI_RAW" not in box.exec_raw(["/usr/bin/env"], timeout_s=10).output
 
 
 def test_a_killed_trusted_command_keeps_what_it_wrote(box):
