@@ -64,7 +64,7 @@ def test_container_killed_mid_episode(docker_client, settings, fixture_tasks, to
 
   def kill_it():
     for _ in range(100):
-      found = docker_client.containers.list(filters={"label": f"{LABEL_EPISODE}=killme"})
+      found = docker_client.containers.list(filters={"label": f"{LABEL_EPISODE}=killme"}, ignore_removed=True)
       if found:
         time.sleep(1.0)
         found[0].kill()

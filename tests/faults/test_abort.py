@@ -61,14 +61,15 @@ def test_oversampling_abort_ends_a_running_command_and_a_running_verification(po
   assert aborted == 2
   assert took < 30, f"collect took {took:.0f}s: the aborted command / verification ran on"
   assert pool.counts["aborted"] == 2 and pool.counts["infra_failures"] == 0
-  assert docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"}) == []
+  assert docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"}, ignore_removed=True) == []
 
 
 def test_abort_during_verification_is_counted_as_aborted(pool, tasks, docker_client):
   ev = threading.Event()
   fut = pool.submit(tasks["slow_verifier"], OracleHarness(), abort=ev)
   t0 = time.time()
-  while not docker_client.containers.list(filters={"label": f"{LABEL_RUN}={RUN_ID}"}) and time.time() - t0 < 60:
+  while (not docker_client.containers.list(filters={"label": f"{LABEL_RUN}={RUN_ID}"}, ignore_removed=True)
+         and time.time() - t0 < 60):
     time.sleep(0.05)
   time.sleep(3)  # the oracle's solution is quick: the verifier's sleep is running now
   ev.set()
@@ -76,7 +77,7 @@ def test_abort_during_verification_is_counted_as_aborted(pool, tasks, docker_cli
   r = fut.result(timeout=30)
   assert time.time() - t1 < 10
   assert r.failure_kind == ABORTED and r.success is None and r.infra_failure
-  assert docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"}) == []
+  assert docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"}, ignore_removed=True) == []
 
 
 def test_sigterm_during_an_evaluation_aborts_its_attempts(pool, tasks, docker_client):
@@ -92,7 +93,7 @@ def test_sigterm_during_an_evaluation_aborts_its_attempts(pool, tasks, docker_cl
 
   def notice():
     t0 = time.time()
-    while (len(docker_client.containers.list(filters={"label": f"{LABEL_RUN}={RUN_ID}"})) < 2
+    while (len(docker_client.containers.list(filters={"label": f"{LABEL_RUN}={RUN_ID}"}, ignore_removed=True)) < 2
            and time.time() - t0 < 60):
       time.sleep(0.05)
     time.sleep(3)  # the agent's command and the verifier's sleep are running now
@@ -105,4 +106,4 @@ def test_sigterm_during_an_evaluation_aborts_its_attempts(pool, tasks, docker_cl
   took = time.time() - t0
   assert took < 30, f"the evaluation took {took:.0f}s: its attempts ran on after the notice"
   assert pool.counts["aborted"] - before == 2 and pool.counts["infra_failures"] == 0
-  assert docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"}) == []
+  assert docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"}, ignore_removed=True) == []

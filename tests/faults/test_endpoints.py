@@ -54,7 +54,7 @@ def broken_task(tmp_path_factory):
 
 
 def _ours(client) -> list:
-  return client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"})
+  return client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"}, ignore_removed=True)
 
 
 def _wait(cond, timeout_s: float, what: str):
