@@ -59,17 +59,13 @@ def test_the_broken_variant_keeps_instructions_and_programs_but_not_the_values(p
 
 def _value_tokens(tokenizer, text: str, value: str) -> set[tuple[int, ...]]:
   """The token ids covering each occurrence of ``value`` in ``text`` (as whole word: not inside another)."""
-  ids = tokenizer.encode(text)
-  ends, n = [], 0
-  for t in ids:
-    n += len(tokenizer.decode([t]))
-    ends.append(n)
+  spans, n = [], 0  # (token id, first character, end)
+  for t in tokenizer.encode(text):
+    spans.append((t, n, n + len(tokenizer.decode([t]))))
+    n = spans[-1][2]
   assert n == len(text), "the corpus is ASCII: a token's text is its share of the characters"
-  out = set()
-  for m in re.finditer(rf"(?<![a-z]){value}(?![a-z])", text):
-    starts = [e - len(tokenizer.decode([t])) for t, e in zip(ids, ends)]
-    out.add(tuple(t for t, s, e in zip(ids, starts, ends) if s < m.end() and e > m.start()))
-  return out
+  return {tuple(t for t, s, e in spans if s < m.end() and e > m.start())
+          for m in re.finditer(rf"(?<![a-z]){value}(?![a-z])", text)}
 
 
 def test_a_value_is_the_same_tokens_in_the_command_as_in_its_instruction(tokenizer, pools):
