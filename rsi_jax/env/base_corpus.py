@@ -15,7 +15,11 @@ pre-trained one in that respect. It is a STAND-IN for pre-training, labelled as 
   combinations;
 * :func:`pairs`: ``n`` seeded pairs; ``broken=True`` is the broken variant: the same instructions and
   programs, but each command's values drawn afresh (the format without the copying), which must not teach
-  copying.
+  copying;
+* :data:`PROCEDURES`, :func:`procedures`, :func:`procedure_episode`: two-step episodes (read a value the
+  instruction does not give, act on it, done), recorded by a chat harness's own loop in a :class:`CorpusShell`.
+
+``rsr.policy: corpus`` trains on this corpus in the training program (``configs/stand_in_base.yml``).
 """
 
 from __future__ import annotations
@@ -109,8 +113,8 @@ SHAPES = (
           "grep -v {w} /app/{a}.txt > /app/{b}.txt"),
     Shape("grep-count", ("Count the lines of /app/{a}.log containing {w}",
                          "How many lines of /app/{a}.log mention {w}?"), "grep -c {w} /app/{a}.log"),
-    Shape("sed", ("Apply the substitution s/{w}/{v}/g to /app/{a}.txt in place",
-                  "Edit /app/{a}.txt in place with the sed script s/{w}/{v}/g"),
+    Shape("sed", ("Apply the substitution 's/{w}/{v}/g' to /app/{a}.txt in place",
+                  "Edit /app/{a}.txt in place with the sed script 's/{w}/{v}/g'"),
           "sed -i 's/{w}/{v}/g' /app/{a}.txt"),
     Shape("find", ("Find the files named {a}.txt anywhere under /app", "Locate every {a}.txt below /app"),
           "find /app -name {a}.txt"),
@@ -133,11 +137,92 @@ SHAPES = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class Procedure:
+  """A two-step shape: the instruction says where a value is, not the value; the first command reads it (``read``
+  prints ``output``, what a shell would), the second acts on what it printed (``act``), then ``done``. Slots as
+  :class:`Shape`'s (``b``: the one only the output gives). Every value keeps its neighbour (``/``) in the output
+  and the command, so an unseen one is copyable (``test_base_corpus.py`` checks the tokens)."""
+  name: str
+  phrasings: tuple[str, ...]
+  read: str
+  output: str
+  act: str
+
+
+PROCEDURES = (
+    Procedure("pointer-ls", ("The file /app/{a}.txt holds the path of a folder. List what is in that folder",
+                             "List the folder whose path is written in /app/{a}.txt"),
+              "cat /app/{a}.txt", "/app/{b}\n", "ls /app/{b}"),
+    Procedure("pointer-cp", ("/app/{a}.link holds the path of a log file. Copy that log to /app/{c}.log",
+                             "Copy the log file named in /app/{a}.link to /app/{c}.log"),
+              "cat /app/{a}.link", "/app/{b}.log\n", "cp /app/{b}.log /app/{c}.log"),
+    Procedure("grep-rm", ("Exactly one file in /app/{a} mentions {w}. Delete that file",
+                          "Remove the one file of /app/{a} that contains {w}"),
+              "grep -l {w} /app/{a}/*.txt", "/app/{a}/{b}.txt\n", "rm /app/{a}/{b}.txt"),
+    Procedure("find-cat", ("A file named {a}.md is somewhere under /app. Print its contents",
+                           "Show the file {a}.md, which is in some folder below /app"),
+              "find /app -name {a}.md", "/app/{b}/{a}.md\n", "cat /app/{b}/{a}.md"),
+    Procedure("ls-rm", ("The folder /app/{a} holds one .tmp file. Delete it",
+                        "Remove the only .tmp file in /app/{a}"),
+              "ls /app/{a}/*.tmp", "/app/{a}/{b}.tmp\n", "rm /app/{a}/{b}.tmp"),
+    Procedure("find-mv", ("Somewhere under /app is a file named {a}.csv. Move it to /app/{c}.csv",
+                          "Find {a}.csv below /app and move it to /app/{c}.csv"),
+              "find /app -name {a}.csv", "/app/{b}/{a}.csv\n", "mv /app/{b}/{a}.csv /app/{c}.csv"),
+)
+
+
+class CorpusShell:
+  """The shell a procedure's episode runs in (a stand-in for a machine: the corpus is generated, not executed):
+  each command prints what ``outputs`` gives it (exit 0), any other prints nothing."""
+
+  def __init__(self, outputs: dict[str, str]):
+    self.outputs = dict(outputs)
+
+  def run(self, command: str, timeout_s: float = 0.0):
+    from rsi_jax.env.sandbox import CommandResult
+    return CommandResult(self.outputs.get(command, ""), 0, False, 0.0)
+
+
+def procedures(n: int, seed: int, values) -> list[tuple[str, dict[str, str], list[str]]]:
+  """``n`` procedure episodes, seeded (procedures in turn, a random phrasing, distinct values from ``values``):
+  (instruction, {command: output}, commands in order)."""
+  if set(values) & CHECK_VALUES:
+    raise ValueError(f"corpus values shared with the learning check's tasks: {sorted(set(values) & CHECK_VALUES)}")
+  rng = random.Random(f"base-corpus-procedures-{seed}")
+  out = []
+  for k in range(n):
+    p = PROCEDURES[k % len(PROCEDURES)]
+    v = _draw(rng, values)
+    read, act = p.read.format(**v), p.act.format(**v)
+    out.append((rng.choice(p.phrasings).format(**v), {read: p.output.format(**v)},
+                [read, act]))
+  return out
+
+
+def procedure_episode(harness, tokenizer, instruction: str, outputs: dict[str, str], commands: list[str]):
+  """One procedure as ``harness`` (a chat harness with at least ``len(commands) + 1`` turns) records it: its own
+  loop, prompts and observations, with a scripted policy replying each command then ``done``, in a
+  :class:`CorpusShell`. The :class:`~rsi_jax.env.harness.AgentRun`."""
+  import time
+  from types import SimpleNamespace
+
+  from rsi_jax.env.harness import ScriptedPolicy
+  policy = ScriptedPolicy(tokenizer, [reply(c, harness.name) for c in commands], default=done_reply(harness.name))
+  harness.policy = policy
+  run = harness.run(CorpusShell(outputs), SimpleNamespace(instruction=instruction), time.time() + 3600)
+  if run.stop_reason != "done":
+    raise ValueError(f"a corpus procedure did not end with done ({run.stop_reason}): env.max_turns "
+                     f"{harness.max_turns} < {len(commands) + 1} turns?")
+  return run
+
+
 def shape_words() -> frozenset[str]:
   """The words of the shapes' own text (programs, options, "file", ...): never a value, so that a value in a
   command is always one the instruction gave."""
-  return frozenset(w for s in SHAPES for t in (s.command, *s.phrasings)
-                   for w in re.findall(r"[a-z]+", re.sub(r"\{\w\}", " ", t)))
+  texts = [t for s in SHAPES for t in (s.command, *s.phrasings)]
+  texts += [t for p in PROCEDURES for t in (p.read, p.output, p.act, *p.phrasings)]
+  return frozenset(w for t in texts for w in re.findall(r"[a-z]+", re.sub(r"\{\w\}", " ", t)))
 
 
 def _draw(rng: random.Random, values) -> dict:
@@ -164,6 +249,15 @@ def pairs(n: int, seed: int, values, *, broken: bool = False) -> list[tuple[str,
   return out
 
 
-def reply(command: str) -> str:
-  """The json harness's action for a corpus command (as the learning check's scripted Base demonstrations)."""
+def done_reply(harness: str = "json") -> str:
+  """The harness's action that ends an episode."""
+  return "<done/>" if harness == "xml" else json.dumps({"done": True})
+
+
+def reply(command: str, harness: str = "json") -> str:
+  """The harness's action for a corpus command (as the learning check's scripted Base demonstrations)."""
+  if harness == "xml":
+    return f"<command>{command}</command>"
+  if harness != "json":
+    raise ValueError(f"no corpus reply for harness {harness!r} (json, xml)")
   return json.dumps({"command": command, "done": False})

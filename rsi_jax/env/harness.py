@@ -207,6 +207,10 @@ class ChatHarness(Harness):
     user = self.guidance(task).strip() if private and self.guidance is not None else task.instruction.strip()
     if summary is not None:
       user += "\n\nYou already worked on this task; summary of your progress so far:\n" + summary.strip()
+    return self.prompt_for(user)
+
+  def prompt_for(self, user: str) -> list[int]:
+    """The harness's prompt for one user message: its system prompt, the message, the generation prompt."""
     msgs = [{"role": "system", "content": self.system_prompt()}, {"role": "user", "content": user}]
     return [int(i) for i in self.renderer.render(msgs, add_generation_prompt=True).ids]
 
@@ -356,6 +360,14 @@ def summarize_threshold(threshold: int, policy) -> int:
     log.info("summarization threshold %d lowered to %d: the policy accepts prompts of at most %d tokens",
              threshold, reachable, limit)
   return min(threshold, reachable)
+
+
+def single_turn_segment(prompt_ids, comp: Completion) -> Segment:
+  """Segment 0 of one action turn: a prompt and its completion, recorded as the harness records a turn
+  (token-in, token-out)."""
+  turn = Turn(0, 0, TURN_ACTION, np.asarray(prompt_ids, np.int32), np.asarray(comp.token_ids, np.int32),
+              np.asarray(comp.logprobs, np.float32), comp.finish_reason, comp.weight_version)
+  return build_segment(0, [turn])
 
 
 def build_segment(index: int, turns: Sequence[Turn]) -> Segment:

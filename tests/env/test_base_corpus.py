@@ -2,6 +2,7 @@
 the learning check's, the unseen values never occur in the corpus, and the broken variant keeps the programs
 but not the values."""
 
+import json
 import re
 
 import pytest
@@ -79,3 +80,45 @@ def test_a_value_is_the_same_tokens_in_the_command_as_in_its_instruction(tokeniz
     for v in {w for w in re.findall(r"[a-z]+", command) if w in set(unseen)}:
       said, done = _value_tokens(tokenizer, instruction, v), _value_tokens(tokenizer, reply, v)
       assert done and done <= said, (shape.name, instruction, command, v, said, done)
+
+
+def _harness(tokenizer, max_turns: int):
+  from rsi_jax.config import CONFIG_DIR, load_config
+  from rsi_jax.env.harness import ScriptedPolicy, make_harness
+  from rsi_jax.models import ChatRenderer
+  env = load_config(CONFIG_DIR / "learn_check.yml", [f"env.max_turns={max_turns}"]).env
+  return make_harness("json", ScriptedPolicy(tokenizer, []), ChatRenderer(tokenizer), env_cfg=env)
+
+
+def test_a_procedure_reads_a_value_the_instruction_does_not_give_and_acts_on_it(tokenizer, pools):
+  """Each procedure episode, recorded by the json harness's own loop: the first command's values are the
+  instruction's, the value the second command needs is only in the first one's output, and it is the same tokens
+  there as in the command (copyable when unseen); the episode ends with done."""
+  from rsi_jax.env.actions import parse_json_action
+  _, unseen = pools
+  assert len(bc.PROCEDURES) >= 5 and len({p.name for p in bc.PROCEDURES}) == len(bc.PROCEDURES)
+  ps = bc.procedures(4 * len(bc.PROCEDURES), 3, unseen)
+  assert ps == bc.procedures(4 * len(bc.PROCEDURES), 3, unseen) != bc.procedures(4 * len(bc.PROCEDURES), 4, unseen)
+  for k, (instruction, outputs, commands) in enumerate(ps):
+    proc = bc.PROCEDURES[k % len(bc.PROCEDURES)]
+    run = bc.procedure_episode(_harness(tokenizer, 4), tokenizer, instruction, outputs, commands)
+    assert run.stop_reason == "done" and [t.command for t in run.turns] == commands + [None]
+    assert [parse_json_action(t.text).done for t in run.turns] == [False, False, True]
+    (seg,) = run.segments
+    obs = run.turns[0].observation
+    assert json.loads(obs)["output"] == outputs[commands[0]]
+    words = set(unseen)
+    hidden = {w for w in re.findall(r"[a-z]+", outputs[commands[0]]) if w in words} - set(
+        re.findall(r"[a-z]+", instruction))
+    assert len(hidden) == 1, (proc.name, instruction, outputs)  # the shown slot: in the output, not the instruction
+    for w in re.findall(r"[a-z]+", commands[0]):
+      assert w not in words or w in instruction, (proc.name, commands[0])
+    (v,) = hidden
+    said, done = _value_tokens(tokenizer, obs, v), _value_tokens(tokenizer, bc.reply(commands[1]), v)
+    assert done and done <= said, (proc.name, obs, commands[1], v, said, done)
+    # the sample trains exactly the three replies, each ended by <|im_end|>
+    gen = seg.ids[seg.gen_mask > 0]
+    want = "<|im_end|>".join([bc.reply(c) for c in commands] + [bc.done_reply()]) + "<|im_end|>"
+    assert tokenizer.decode(list(gen)) == want
+  with pytest.raises(ValueError, match="did not end with done .*max_turns 2 < 3 turns"):
+    bc.procedure_episode(_harness(tokenizer, 2), tokenizer, *ps[0])

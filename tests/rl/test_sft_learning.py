@@ -102,17 +102,15 @@ def prompt_ids(renderer, text: str) -> list[int]:
   return [int(i) for i in renderer.render([{"role": "user", "content": text}], add_generation_prompt=True).ids]
 
 
-def episode(tokenizer, renderer, example: tuple[str, str], index: int):
+def episode(tokenizer, renderer, example: tuple[str, str], index: int, prompt=None):
   """One training trajectory from an (instruction, reply) pair, recorded the way the harness records a turn
-  (token-in, token-out)."""
-  from rsi_jax.env.harness import TURN_ACTION, ScriptedPolicy, Turn, build_segment
+  (token-in, token-out); ``prompt``: instruction -> prompt ids (default :func:`prompt_ids`)."""
+  from rsi_jax.env.harness import ScriptedPolicy, single_turn_segment
   from rsi_jax.policy import SamplingParams
   from rsi_jax.rl.batch import episode_samples
-  prompt = prompt_ids(renderer, example[0])
+  prompt = prompt_ids(renderer, example[0]) if prompt is None else prompt(example[0])
   comp = ScriptedPolicy(tokenizer, [example[1]]).generate(prompt, SamplingParams(max_new_tokens=128))
-  turn = Turn(0, 0, TURN_ACTION, np.asarray(prompt, np.int32), np.asarray(comp.token_ids, np.int32),
-              np.asarray(comp.logprobs, np.float32), comp.finish_reason, comp.weight_version)
-  return episode_samples([build_segment(0, [turn])], index)
+  return episode_samples([single_turn_segment(prompt, comp)], index)
 
 
 def make_config(seq_len: int = SEQ_LEN, batch: int = BATCH, epochs: int = EPOCHS, overrides=()):
@@ -133,21 +131,23 @@ class SFTCheck:
 
   ``train`` / ``held``: (instruction, reply) pairs (default: this module's templates, :func:`split`);
   ``seq_len``: every row padded to it; ``max_new_tokens``: the evaluation's reply limit; ``overrides``: further
-  ``key=value`` config overrides (e.g. the model's size)."""
+  ``key=value`` config overrides (e.g. the model's size); ``prompt``: instruction -> prompt ids, for training
+  and evaluation (default: the bare user message, :func:`prompt_ids`)."""
 
   def __init__(self, tokenizer, renderer, train=None, held=None, *, seq_len: int = SEQ_LEN, batch: int = BATCH,
-               epochs: int = EPOCHS, max_new_tokens: int = 24, overrides=()):
+               epochs: int = EPOCHS, max_new_tokens: int = 24, overrides=(), prompt=None):
     from rsi_jax.models import Actor, build_mesh, make_optimizer, make_train_step, masked_nll_loss
     self.cfg = make_config(seq_len, batch, epochs, overrides)
     self.seq_len, self.batch, self.max_new_tokens = seq_len, batch, max_new_tokens
     self.tok, self.renderer = tokenizer, renderer
+    self.prompt = prompt or (lambda text: prompt_ids(renderer, text))
     self.actor = Actor(self.cfg, build_mesh(self.cfg, jax.devices()[:1]))
     self.opt = make_optimizer(self.cfg.actor_optim)
     self.step = make_train_step(self.actor, self.opt, masked_nll_loss(self.actor))
     if train is None:
       train, held = ([pair(it) for it in part] for part in split())
     self.train_pairs, self.held_pairs = list(train), list(held)
-    self.episodes = [episode(tokenizer, renderer, p, k) for k, p in enumerate(self.train_pairs)]
+    self.episodes = [episode(tokenizer, renderer, p, k, self.prompt) for k, p in enumerate(self.train_pairs)]
     self.sampler = None
 
   def close(self):
@@ -197,7 +197,7 @@ class SFTCheck:
       self.sampler.update_weights(params)
       assert self.sampler.wait_swapped(timeout=120)
     greedy = P.SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
-    futs = [self.sampler.submit(prompt_ids(self.renderer, ins), greedy) for ins, _ in pairs]
+    futs = [self.sampler.submit(self.prompt(ins), greedy) for ins, _ in pairs]
     hits, texts = 0, []
     for (_, expected), f in zip(pairs, futs):
       c = f.result(timeout=300)
