@@ -188,6 +188,13 @@ class RSRConfig:
   max_tasks: int = 0  # of those, 0 = all, else this many (the first of each family, round-robin over families)
   target_harness: str = "json"  # H0: fresh execution and the stored SFT trajectories
   policy: str = "actor"  # actor | scripted (a test double that knows the reference solutions: smoke runs, tests)
+  # | corpus: no funnel, no tasks: SFT on corpus_pairs generated pairs of the stand-in pre-training corpus
+  # (rsi_jax.env.base_corpus: instruction -> one command, rendered as the target harness's first turn), what a
+  # from-scratch tiny model learns first so that it copies an instruction's values like a pre-trained base
+  corpus_pairs: int = 0  # only with policy corpus (and > 0 there)
+  # policy corpus: this many two-step procedure episodes too (read a value, act on it, done: base_corpus.PROCEDURES),
+  # recorded by the target harness's own loop; they need env.max_turns >= 3
+  corpus_procedures: int = 0
   judge: bool = False  # also ask the actor to review runbooks the rules accept (it can only reject)
   # the accepted runbooks are SFT samples too (planning prompt -> runbook), and so is each accepted execution as it
   # ran, under its private guidance (besides its projection): a warm start's demonstrations of writing and of
@@ -212,7 +219,14 @@ class RSRConfig:
     check(all(isinstance(f, str) and f for f in self.families), f"{p}.families",
            f"must list task families (names), got {list(self.families)}")
     check(self.target_harness in known, f"{p}.target_harness", f"must be json/xml, got {self.target_harness!r}")
-    check(self.policy in ("actor", "scripted"), f"{p}.policy", f"must be actor/scripted, got {self.policy!r}")
+    check(self.policy in ("actor", "scripted", "corpus"), f"{p}.policy",
+          f"must be actor/scripted/corpus, got {self.policy!r}")
+    check((self.corpus_pairs > 0) == (self.policy == "corpus"), f"{p}.corpus_pairs",
+          f"must be > 0 with policy corpus and 0 otherwise (the corpus is only used by it), got "
+          f"{self.corpus_pairs} with policy {self.policy!r}")
+    check(self.corpus_procedures >= 0 and (self.corpus_procedures == 0 or self.policy == "corpus"),
+          f"{p}.corpus_procedures", f"must be >= 0, and 0 unless policy is corpus, got {self.corpus_procedures} "
+          f"with policy {self.policy!r}")
     check(not self.plan_demonstrations or (self.policy == "scripted" and self.num_runbooks > 0),
           f"{p}.plan_demonstrations", "needs policy scripted and num_runbooks > 0 (demonstrations of the runbook "
           f"format come from the scripted planner), got policy {self.policy!r}, num_runbooks {self.num_runbooks}")
@@ -336,6 +350,8 @@ class Config:
       check(self.rollout.global_batch % shards == 0, "rollout.global_batch",
              f"must be divisible by the mesh's batch shards (data x fsdp = {shards}), "
              f"got {self.rollout.global_batch}")
+    check(not self.rsr.corpus_procedures or self.env.max_turns >= 3, "rsr.corpus_procedures",
+          f"needs env.max_turns >= 3 (a procedure is read, act, done), got env.max_turns {self.env.max_turns}")
 
   def to_dict(self) -> dict:
     return _to_plain(self)

@@ -79,6 +79,26 @@ class _Down:
   next_probe: float
 
 
+class NoEnvPool:
+  """The environment of a run that runs no episode (every phase trains on generated data, nothing is evaluated:
+  ``rsr.policy: corpus`` with no ``eval.tasks_dir``): no Docker endpoint is contacted, nothing is counted, and
+  anything that would run an episode is an error naming why there is none."""
+  clients: dict = {}
+
+  def __init__(self):
+    self.counts = collections.Counter()
+
+  def close(self):
+    pass
+
+  def check_base_images(self, tasks) -> dict:
+    return {}
+
+  def __getattr__(self, name):
+    raise RuntimeError(f"this run has no environment (EnvPool.{name}): every phase of its plan trains on "
+                       f"generated data and nothing is evaluated, so no Docker endpoint was contacted")
+
+
 class EnvPool:
   """Concurrent episodes over one or more Docker endpoints.
 

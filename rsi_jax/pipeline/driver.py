@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable, Sequence
 
 import jax
@@ -122,9 +121,7 @@ class Driver:
           f"the config differs from the one this run was trained with ({rd / 'config.yml'}) in "
           f"{'; '.join(self._config_changes)}: resume with the run's own settings, choose another run.name, or "
           f"add run.allow_config_change=true to resume with the change (recorded in lineage.json)")
-    from rsi_jax.env import EnvPool
-    env_pool = EnvPool.from_config(self.cfg.env, f"{self.cfg.run.name}-{uuid.uuid4().hex[:6]}",
-                                   hygiene_patterns=self.cfg.reward.hygiene_patterns)
+    env_pool = phase_plan.environment(self.cfg, plan)
     try:
       pools, refused = self._task_pools(plan, env_pool)  # once: the pool check and the phases see the same pools
       multihost.from_primary(self._check_pools, plan, pools)
@@ -187,7 +184,7 @@ class Driver:
     {tasks_dir: refused folders}; base images are checked against ``env_pool``'s Docker endpoints."""
     from rsi_jax.env.dockerfiles import image_check
     from rsi_jax.eval.run import image_presence
-    images = image_check(env_pool.settings.image_map, image_presence(env_pool))
+    images = image_check(env_pool.settings.image_map, image_presence(env_pool)) if env_pool.clients else None
     pools, refused = {}, {}
     for c in [self.cfg] + [s.cfg for s in plan]:
       if pool_key(c) not in pools:

@@ -9,6 +9,7 @@ batch, the reward tables, the templates, the checkpoints to start from, the outp
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Sequence
 
 import jax
@@ -137,6 +138,22 @@ def check_output_location(path: str, key: str):
   problem = output_folder_problem(path)
   if problem:
     raise PreflightError(f"{key}: {problem}")
+
+
+def runs_episodes(plan) -> bool:
+  """Whether a phase plan runs any episode: a phase other than an RSR phase on the generated corpus
+  (``rsr.policy: corpus``), or an in-training evaluation (``eval.tasks_dir``)."""
+  return any(s.kind != "rsr" or s.cfg.rsr.policy != "corpus" or s.cfg.eval.tasks_dir for s in plan)
+
+
+def environment(cfg: Config, plan):
+  """The run's environment: an :class:`~rsi_jax.env.pool.EnvPool` on ``env.docker_hosts``, or, for a plan that
+  runs no episode (e.g. ``configs/stand_in_base.yml``), a :class:`~rsi_jax.env.pool.NoEnvPool` (no Docker)."""
+  from rsi_jax.env.pool import EnvPool, NoEnvPool
+  if not runs_episodes(plan):
+    return NoEnvPool()
+  return EnvPool.from_config(cfg.env, f"{cfg.run.name}-{uuid.uuid4().hex[:6]}",
+                             hygiene_patterns=cfg.reward.hygiene_patterns)
 
 
 def load_pool(c: Config, images=None) -> tuple[list, list]:

@@ -47,7 +47,7 @@ class RSRPhase(Phase):
     # the first process reads what an earlier attempt stored or runs the funnel; every process trains on it
     got = multihost.from_primary(self._stored, step)
     if got is None:
-      if self.cfg.rsr.policy != "scripted":
+      if self.cfg.rsr.policy == "actor":
         self.ctx.serve(actor_params)  # on every process (the weight sync is collective)
       got = multihost.from_primary(self._funnel)
     records, self.samples, self.manifest, self.stored = got
@@ -70,7 +70,9 @@ class RSRPhase(Phase):
     wd = epath.Path(self.workdir)
     stored = json.loads((wd / MANIFEST).read_text()) if (wd / MANIFEST).exists() else None
     if stored is not None and step == 0 and (stored.get("input_actor_digest") != self.input_digest
-                                             or stored.get("tasks_digest") != tasks_digest(self.funnel_tasks())):
+                                             or stored.get("tasks_digest") != tasks_digest(self.funnel_tasks())
+                                             or (self.cfg.rsr.policy == "corpus"
+                                                 and stored.get("policy") != self._corpus_label())):
       return None  # the phase starts anew from other weights or on other tasks: its funnel runs again
     if step > 0 and (stored is None or (self.actor_start_digest is not None
                                         and stored.get("input_actor_digest") != self.input_digest)):
@@ -88,9 +90,14 @@ class RSRPhase(Phase):
 
   def _funnel(self):
     """Run the funnel (the actor already served): (records, Q_clean, manifest, note)."""
+    from rsi_jax.rsr.corpus import corpus_funnel
     from rsi_jax.rsr.funnel import policy_factory, run_funnel
     from rsi_jax.rsr.scripted import LABEL, ScriptedRSRPolicy
     cfg, ctx = self.cfg, self.ctx
+    if cfg.rsr.policy == "corpus":
+      res = corpus_funnel(cfg, ctx.tokenizer, ctx.renderer, seed=self._corpus_seed(), workdir=self.workdir,
+                          input_digest=self.input_digest)
+      return res.records, res.episodes, res.manifest, ""
     tasks = self.funnel_tasks()
     abort = threading.Event()  # a stop notice aborts the funnel's episodes and planning calls
     if cfg.rsr.policy == "scripted":
@@ -105,12 +112,22 @@ class RSRPhase(Phase):
                      abort=abort)
     return res.records, res.episodes, res.manifest, ""
 
+  def _corpus_seed(self) -> int:
+    return derive_seed(self.cfg.run.seed, "corpus", self.name)
+
+  def _corpus_label(self) -> str:
+    from rsi_jax.rsr.corpus import corpus_label
+    return corpus_label(self.cfg.rsr.corpus_pairs, self.cfg.rsr.corpus_procedures, self._corpus_seed())
+
   def funnel_tasks(self) -> list:
+    if self.cfg.rsr.policy == "corpus":
+      return []  # the corpus is generated: no task of the pool
     return funnel_tasks(self.ctx.tasks_for(self.cfg), self.cfg.rsr.families, self.cfg.rsr.max_tasks, self.name)
 
   def describe(self):
     m = self.manifest
-    head = f"Q_clean {len(self.samples)} trajectories, RSR funnel run by {m['policy']}{self.stored}"
+    source = m["policy"] if self.cfg.rsr.policy == "corpus" else f"RSR funnel run by {m['policy']}"
+    head = f"Q_clean {len(self.samples)} trajectories, {source}{self.stored}"
     if not self.samples:
       return f"{head}; empty ({m['empty_reason']}): the phase ends with the actor unchanged"
     return (f"{head}; {self.cfg.pipeline.sft_epochs} epoch(s), {self.num_steps} update(s), actor LR "

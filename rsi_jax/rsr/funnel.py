@@ -49,7 +49,7 @@ class FunnelResult:
   manifest: dict
 
 
-class _Counts:
+class StageCounts:
   def __init__(self):
     self.total = collections.Counter()
     self.family = collections.defaultdict(collections.Counter)
@@ -130,7 +130,7 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
   sampling = SamplingParams(temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
                             max_new_tokens=ro.max_new_tokens)
   plan_sampling = dataclasses.replace(sampling, max_new_tokens=r.runbook_max_tokens)
-  counts = _Counts()
+  counts = StageCounts()
   network = cfg.env.network != "none"
   templates = {"plan": plan_t, "exec": exec_t, "judge": judge_t}
   progress = None if workdir is None else FunnelProgress(workdir, {
@@ -272,8 +272,8 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
     log(f"planning demonstrations: {len(plans_kept)} accepted runbooks are SFT samples too, and "
         f"{len(guided_kept)} accepted executions as run under their guidance")
 
-  return _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episodes, records, runbooks,
-                 executions, outcomes, progress)
+  return finish_funnel(cfg, tasks, counts, label, input_digest, templates, workdir, episodes, records, runbooks,
+                       executions, outcomes, progress)
 
 
 def planning_sample(prompt_ids: Sequence[int], runbook: str, renderer) -> Sample:
@@ -335,11 +335,11 @@ def _self_imitation(cfg, tasks, discovered, counts, label, workdir, input_digest
     records.append({"task": t.name, "family": t.family, "harness": h, "runbook": None, "repeat": 0,
                     "episode_id": res.episode_id})
   log(f"self-imitation (runbook stage off): {len(records)} accepted of {len(discovered)} verified discoveries")
-  return _finish(cfg, tasks, counts, f"{label}, runbook stage off (verified self-imitation)", input_digest, {},
-                 workdir, episodes, records, [], executions, outcomes, progress)
+  return finish_funnel(cfg, tasks, counts, f"{label}, runbook stage off (verified self-imitation)", input_digest,
+                       {}, workdir, episodes, records, [], executions, outcomes, progress)
 
 
-def _finish(cfg, tasks, counts, label, input_digest, templates, workdir, episodes, records, runbooks,
+def finish_funnel(cfg, tasks, counts, label, input_digest, templates, workdir, episodes, records, runbooks,
             executions, outcomes, progress=None) -> FunnelResult:
   r = cfg.rsr
   manifest = {

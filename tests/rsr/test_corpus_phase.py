@@ -1,0 +1,102 @@
+"""``rsr.policy: corpus``: an RSR phase whose Q_clean is the stand-in Base's generated corpus (no tasks, no funnel),
+rendered as the target harness's first turn, trained on by the real training program."""
+
+import json
+
+import numpy as np
+import pytest
+
+from rsi_jax.config import CONFIG_DIR, ConfigError, load_config
+from rsi_jax.env import base_corpus as bc
+from rsi_jax.env.harness import make_harness
+from rsi_jax.models import ChatRenderer
+from rsi_jax.env.pool import AllEndpointsDown
+from rsi_jax.pipeline.driver import Driver
+from rsi_jax.rl.batch import load_samples
+
+PAIRS, PROCEDURES = 40, 8
+OV = ["run.progress=false", "mesh.ici_fsdp_parallelism=4", "mesh.ici_tensor_parallelism=2",
+      "rollout.global_batch=8", "rollout.requested=8", "pipeline.phases=[rsr0]", "pipeline.sft_epochs=1",
+      "pipeline.checkpoint_every=2", "eval.tasks_dir=", "rsr.policy=corpus", f"rsr.corpus_pairs={PAIRS}",
+      f"rsr.corpus_procedures={PROCEDURES}", "env.max_turns=3"]
+
+
+def test_the_corpus_is_set_only_with_its_policy():
+  with pytest.raises(ConfigError, match=r"rsr.corpus_pairs: must be > 0 with policy corpus .* got 0 with policy "
+                                        r"'corpus'"):
+    load_config(CONFIG_DIR / "smoke.yml", ["rsr.policy=corpus"])
+  with pytest.raises(ConfigError, match=r"rsr.corpus_pairs: .* got 8 with policy 'scripted'"):
+    load_config(CONFIG_DIR / "smoke.yml", ["rsr.corpus_pairs=8"])
+  with pytest.raises(ConfigError, match=r"rsr.policy: must be actor/scripted/corpus, got 'corpora'"):
+    load_config(CONFIG_DIR / "smoke.yml", ["rsr.policy=corpora", "rsr.corpus_pairs=8"])
+  with pytest.raises(ConfigError, match=r"rsr.corpus_procedures: must be >= 0, and 0 unless policy is corpus, got 4 "
+                                        r"with policy 'scripted'"):
+    load_config(CONFIG_DIR / "smoke.yml", ["rsr.corpus_procedures=4"])
+  with pytest.raises(ConfigError, match=r"rsr.corpus_procedures: needs env.max_turns >= 3 .* got env.max_turns 1"):
+    load_config(CONFIG_DIR / "stand_in_base.yml", ["rsr.corpus_procedures=4"])
+
+
+@pytest.mark.slow
+def test_a_corpus_phase_trains_on_the_corpus_as_the_harness_renders_it(tmp_path, tokenizer):
+  """...with no Docker: a plan that runs no episode contacts no endpoint (this one names a socket that does not
+  exist, an endpoint of its own: no client another test opened stands in; a run that needs episodes says "no
+  Docker endpoint answers")."""
+  ov = [f"run.output_dir={tmp_path}", "run.name=c", *OV, f"env.docker_hosts=[unix://{tmp_path}/no-docker.sock]"]
+  cfg = load_config(CONFIG_DIR / "smoke.yml", ov)
+  Driver(cfg, ov).run()
+  d = tmp_path / "c" / "phases" / "rsr0"
+  manifest = json.loads((d / "rsr_manifest.json").read_text())
+  records = [json.loads(x) for x in (d / "q_clean.jsonl").read_text().splitlines()]
+  lineage = {e["phase"]: e for e in json.loads((tmp_path / "c" / "lineage.json").read_text())}["rsr0"]
+  assert manifest["policy"].startswith("the stand-in pre-training corpus")
+  assert f"{PAIRS} pairs, {PROCEDURES} procedures" in manifest["policy"]
+  assert lineage["rsr"]["policy"] == manifest["policy"] and lineage["rsr"]["q_clean"] == PAIRS + PROCEDURES
+  assert manifest["stages"]["accepted"] == PAIRS + PROCEDURES and manifest["stages"]["attempted"] == 0
+  assert manifest["tasks"] == 0
+  assert [r["shape"] for r in records] == ([bc.SHAPES[k % len(bc.SHAPES)].name for k in range(PAIRS)]
+                                           + [bc.PROCEDURES[k % len(bc.PROCEDURES)].name for k in range(PROCEDURES)])
+  assert lineage["steps"] == (PAIRS + PROCEDURES) // cfg.rollout.global_batch
+
+  # each sample is the target harness's first turn: its prompt (system prompt + instruction), the command as reply
+  seed = int(manifest["policy"].rsplit("seed ", 1)[1])
+  seen, unseen = bc.value_pools(tokenizer)
+  want = bc.pairs(PAIRS, seed, seen)
+  harness = make_harness("json", object(), ChatRenderer(tokenizer), env_cfg=cfg.env)
+  samples = load_samples(d / "q_clean.npz")
+  assert len(samples) == PAIRS + PROCEDURES
+  for (instruction, command), (s,) in zip(want, samples[:PAIRS]):
+    gen = np.asarray(s.gen_mask) > 0
+    prompt = harness.prompt_for(instruction)
+    assert list(s.ids[:len(prompt)]) == prompt and not gen[:len(prompt)].any()
+    assert tokenizer.decode(list(s.ids[gen])) == bc.reply(command) + "<|im_end|>"
+  assert not {w for _, c in want for w in c.replace("/", " ").split()} & set(unseen)
+  # the procedures: the harness's own loop (prompt, reply, observation, reply, ..., done)
+  for (instruction, outputs, commands), (s,) in zip(bc.procedures(PROCEDURES, seed, seen), samples[PAIRS:]):
+    prompt = harness.prompt_for(instruction)
+    assert list(s.ids[:len(prompt)]) == prompt
+    text = tokenizer.decode(list(s.ids[len(prompt):]))
+    assert json.dumps(outputs[commands[0]])[1:-1] in text  # the first command's output, as its observation
+    assert tokenizer.decode(list(s.ids[np.asarray(s.gen_mask) > 0])) == "<|im_end|>".join(
+        [bc.reply(c) for c in commands] + [bc.done_reply()]) + "<|im_end|>"
+
+
+def test_the_stand_in_base_is_trained_on_the_learning_checks_own_first_turn(tokenizer):
+  """configs/stand_in_base.yml renders the corpus with the same system prompt as configs/learn_check.yml's
+  episodes (a Base trained on another prompt would meet the check's prompt for the first time)."""
+  base, check = (load_config(CONFIG_DIR / f) for f in ("stand_in_base.yml", "learn_check.yml"))
+  assert base.rsr.policy == "corpus" and base.pipeline.phases == ("rsr0", "rsr1") and base.pipeline.sft_epochs == 1
+  assert not base.pipeline.phase_overrides  # both phases on the corpus, each with pairs of its own (its seed)
+  assert base.rsr.target_harness == check.env.harness == "json"
+  prompt = lambda c: make_harness("json", object(), ChatRenderer(tokenizer), env_cfg=c.env).system_prompt()  # noqa: E731
+  assert prompt(base) == prompt(check)
+  assert base.actor_optim.weight_decay == check.actor_optim.weight_decay == 0
+
+
+@pytest.mark.slow
+def test_a_plan_that_runs_episodes_still_needs_docker(tmp_path):
+  """The same corpus phase with an in-training evaluation runs episodes: without a Docker endpoint the run stops
+  at once, naming it."""
+  ov = [f"run.output_dir={tmp_path}", "run.name=e", *OV, "eval.tasks_dir=tasks", "eval.max_tasks=1",
+        f"env.docker_hosts=[unix://{tmp_path}/no-docker.sock]"]
+  with pytest.raises(AllEndpointsDown, match="no Docker endpoint answers"):
+    Driver(load_config(CONFIG_DIR / "smoke.yml", ov), ov).run()
