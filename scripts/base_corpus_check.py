@@ -5,8 +5,13 @@ the corpus never holds (``unseen``) and on new pairs over the corpus's own value
 end, exact match on unseen values by shape (where copying fails).
 
 Usage: .venv/bin/python scripts/base_corpus_check.py [--pairs 6000] [--batch 16] [--epochs 1] [--every 75]
-       [--eval 68] [--by-shape 10] [--broken] [key=value ...]
+       [--eval 68] [--by-shape 10] [--prompt bare|harness] [--broken]
+       [--checkpoint DIR] [key=value ...]
        (key=value: config overrides, e.g. model.base_emb_dim=128)
+
+``--prompt harness``: every pair as the learning check's json-harness first turn (its system prompt), as the
+training program's corpus phase (``rsr.policy: corpus``, configs/stand_in_base.yml) trains on it.
+``--checkpoint DIR``: measure a Base that program made, instead of training one here.
 
 ``--broken``: the corpus's broken variant (each command's values drawn afresh, not copied), which must not
 teach copying. Writes nothing; the figures go into the issue note.
@@ -33,8 +38,16 @@ def main(argv=None) -> int:
   ap.add_argument("--broken", action="store_true")
   ap.add_argument("--by-shape", type=int, default=10, metavar="N",
                   help="at the end, exact match on N unseen-value pairs per shape (0: not)")
+  ap.add_argument("--prompt", choices=("harness", "bare"), default="bare",
+                  help="harness: each instruction as the json harness's first turn (its system prompt), as the "
+                       "training program's corpus phase (rsr.policy corpus) renders it; bare: the user message "
+                       "alone")
+  ap.add_argument("--checkpoint", metavar="DIR",
+                  help="measure this Base checkpoint (or phase folder: its newest step) instead of training one; "
+                       "give its model as key=value (e.g. model_name=qwen3-tiny-8x128)")
   ap.add_argument("overrides", nargs="*")
   a = ap.parse_args(argv)
+  from rsi_jax.config import CONFIG_DIR, load_config
   from rsi_jax.env import base_corpus as bc
   from rsi_jax.models import ChatRenderer, load_tokenizer
   from tests.rl.test_sft_learning import SFTCheck
@@ -42,14 +55,20 @@ def main(argv=None) -> int:
   tok = load_tokenizer()
   seen, unseen = bc.value_pools(tok)
   as_reply = lambda ps: [(i, bc.reply(c)) for i, c in ps]  # noqa: E731
-  train = as_reply(bc.pairs(a.pairs, 0, seen, broken=a.broken))
+  train = as_reply(bc.pairs(0 if a.checkpoint else a.pairs, 0, seen, broken=a.broken))
   held = {"unseen": as_reply(bc.pairs(a.eval, 1, unseen)), "seen, new pairs": as_reply(bc.pairs(a.eval, 2, seen))}
-  print(f"corpus: {a.pairs} pairs over {len(seen)} values, {len(bc.SHAPES)} shapes"
+  print(f"corpus: {0 if a.checkpoint else a.pairs} pairs over {len(seen)} values, {len(bc.SHAPES)} shapes"
         f"{' (broken: values not copied)' if a.broken else ''}; {len(unseen)} values kept out", flush=True)
   # the learning check's SFT optimizer (configs/learn_check.yml: no weight decay, which would shrink the tied
   # embeddings of the values the corpus never holds, and so their logits, at every update)
-  check = SFTCheck(tok, ChatRenderer(tok), train, held["unseen"], seq_len=80, batch=a.batch, epochs=a.epochs,
-                   max_new_tokens=48, overrides=["actor_optim.weight_decay=0.0", *a.overrides])
+  renderer, prompt, seq_len = ChatRenderer(tok), None, 80
+  if a.prompt == "harness":  # the learning check's json harness (configs/learn_check.yml: one turn, 20 s)
+    from rsi_jax.env.harness import ScriptedPolicy, make_harness
+    harness = make_harness("json", ScriptedPolicy(tok, []), renderer, env_cfg=load_config(
+        CONFIG_DIR / "learn_check.yml").env)
+    prompt, seq_len = harness.prompt_for, 256
+  check = SFTCheck(tok, renderer, train, held["unseen"], seq_len=seq_len, batch=a.batch, epochs=a.epochs,
+                   max_new_tokens=48, overrides=["actor_optim.weight_decay=0.0", *a.overrides], prompt=prompt)
   t0 = time.time()
 
   def report(n, state, aux):
@@ -64,15 +83,27 @@ def main(argv=None) -> int:
       print(f"  want {want}\n  got  {got}", flush=True)
 
   try:
-    params, _ = check.train(after_update=report)
+    if a.checkpoint:  # a Base the training program made (configs/stand_in_base.yml): measured, not trained
+      from rsi_jax.models.checkpoint import resolve_checkpoint, restore_params
+      params = restore_params(resolve_checkpoint(a.checkpoint), actor=check.actor.abstract_params)["actor"]
+      scores = {k: check.exact_match(params, v)[0] for k, v in held.items()}
+      print(f"{a.checkpoint}: " + "; ".join(f"{k} {em:.3f}" for k, em in scores.items()), flush=True)
+    else:
+      params, _ = check.train(after_update=report)
     if a.by_shape:  # where copying fails: unseen values, by shape (pairs take the shapes in turn)
       probe = as_reply(bc.pairs(a.by_shape * len(bc.SHAPES), 4, unseen))
       _, texts = check.exact_match(params, probe)
-      hits = collections.Counter(bc.SHAPES[k % len(bc.SHAPES)].name for k, ((_, want), got)
-                                 in enumerate(zip(probe, texts)) if want == got)
+      hits, misses = collections.Counter(), collections.defaultdict(list)
+      for k, ((_, want), got) in enumerate(zip(probe, texts)):
+        name = bc.SHAPES[k % len(bc.SHAPES)].name
+        hits[name] += want == got
+        misses[name] += [] if want == got else [(want, got)]
+      order = sorted(bc.SHAPES, key=lambda s: hits[s.name])
       print(f"unseen, by shape ({a.by_shape} pairs each; {sum(hits.values()) / len(probe):.3f} in all): "
-            + ", ".join(f"{s.name} {hits[s.name]}" for s in sorted(bc.SHAPES, key=lambda s: hits[s.name])),
-            flush=True)
+            + ", ".join(f"{s.name} {hits[s.name]}" for s in order), flush=True)
+      for s in [s for s in order if misses[s.name]][:6]:  # the worst shapes' first miss
+        want, got = misses[s.name][0]
+        print(f"  {s.name}: want {want}\n  {' ' * len(s.name)}  got  {got}", flush=True)
   finally:
     check.close()
   return 0

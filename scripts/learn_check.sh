@@ -4,28 +4,50 @@
 # RSR-1 (verified self-imitation) -> critic seed -> RPR-1 (PPO, FDR rewards, TB-GAE), held-out Mean@3 / pass@3
 # after each stage. Ends by printing the table (also <run>/learn_check.json) and the stage report with its
 # plots (<run>/eval/report/).
-#   bash scripts/learn_check.sh [SEED] [key=value ...]      (SEED default 0; overrides go to rsi_jax.train)
+#   bash scripts/learn_check.sh [SEED] [--stand-in-base] [key=value ...]
+#     (SEED default 0; overrides go to rsi_jax.train)
+#   --stand-in-base: Base is the corpus-trained stand-in (configs/stand_in_base.yml, model qwen3-tiny-8x128),
+#     trained once into runs/stand_in_base and exported to runs/stand_in_base/hf, which every seed's run imports
+#     (model.hf_path) and evaluates as its starting weights; the plan is then RSR-1 -> critic seed -> RPR-1
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 seed=0
 if [ $# -gt 0 ] && [[ "$1" =~ ^[0-9]+$ ]]; then seed=$1; shift; fi
+stand_in=0
+if [ $# -gt 0 ] && [ "$1" = "--stand-in-base" ]; then stand_in=1; shift; fi
 py=$(bash scripts/setup.sh | tail -n 1)
 bash scripts/docker_up.sh
 bash scripts/build_base_image.sh bookworm
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 name="learn_check_s$seed"
+base_args=()
+label="init (random)"
+if [ "$stand_in" = 1 ]; then
+  name="learn_check_stand_in_s$seed"
+  hf=runs/stand_in_base/hf
+  if [ ! -f "$hf/config.json" ]; then
+    # once for every seed (a pre-trained base is one model); rerunning resumes an interrupted training
+    "$py" -m rsi_jax.train --config=configs/stand_in_base.yml
+    "$py" -m rsi_jax.models.export --checkpoint=runs/stand_in_base/checkpoints/rsr1 --out="$hf"
+  fi
+  # unpacked rows, as configs/stand_in_base.yml (at 8 layers, packed rows of 2,048 tokens cost 4x per update)
+  base_args=(model_name=qwen3-tiny-8x128 "model.hf_path=$hf" "pipeline.phases=[rsr1, critic_seed, rpr1]"
+             rl.per_device_token_budget=0 rl.pad_multiple=64)
+  label="Base (stand-in: corpus)"
+fi
 suite="runs/${name}_tasks"
 # the suite and the seed's run file: configs/learn_check.yml with this suite's splits (a run file rather than
 # key=value, which would win over the Base phase's own env.tasks_dir)
 "$py" scripts/make_learn_tasks.py "$suite" --seed "$seed" --base 24 --run-file configs/learn_check.yml
 start=$(date +%s)
 rc=0
-"$py" -m rsi_jax.train --config="$suite/run.yml" "run.name=$name" "run.seed=$seed" "$@" || rc=$?
+"$py" -m rsi_jax.train --config="$suite/run.yml" "run.name=$name" "run.seed=$seed" ${base_args[@]+"${base_args[@]}"} \
+  "$@" || rc=$?
 wall=$(( $(date +%s) - start ))
 if [ "$rc" -ne 0 ]; then
   # say so rather than end quietly (the table below still shows the stages that were evaluated, if any)
   echo "[learn_check] rsi_jax.train exited with status $rc after ${wall}s" >&2
 fi
-"$py" scripts/learn_check_table.py "runs/$name" --wall-seconds "$wall" || [ "$rc" -ne 0 ]
+"$py" scripts/learn_check_table.py "runs/$name" --wall-seconds "$wall" --start-label "$label" || [ "$rc" -ne 0 ]
 exit "$rc"

@@ -5,7 +5,8 @@ gate filters them, fresh executions under them, projection, SFT) beside the run'
 Usage: .venv/bin/python scripts/learn_check_rewrite.py RUN_DIR [--num-runbooks N] [--broken] [key=value ...]
        .venv/bin/python scripts/learn_check_rewrite.py --compare SELF_IMITATION_RUN REWRITE_RUN
 
-Runs RSR-1 from RUN_DIR's Base (``rsr0``) checkpoint with RUN_DIR's config, RSR-1's phase overrides, the
+Runs RSR-1 from RUN_DIR's Base (its ``rsr0`` checkpoint, or the imported stand-in Base of a ``--stand-in-base``
+run) with RUN_DIR's config, RSR-1's phase overrides, the
 actor writing ``N`` runbooks per discovered episode (default 2) and the command line's ``key=value``
 overrides, in the run ``<name>_rewrite``; its in-training evaluation measures the starting weights (``base``,
 step 0: Base again, which must equal RUN_DIR's Base row) and the end of the phase. Then prints, for both
@@ -58,18 +59,30 @@ def rejected_only(res) -> bool:
   return res.success != 1
 
 
+def base_weights(run: Path) -> list[str]:
+  """The overrides that start RSR-1 from ``run``'s Base: its rsr0 checkpoint, or none when the run started from
+  an imported Base (``scripts/learn_check.sh --stand-in-base``: model.hf_path, and RSR-1 is the first phase)."""
+  import yaml
+  base = run / "checkpoints" / "rsr0"
+  if base.is_dir():
+    return [f"pipeline.actor_from={{rsr1: {base}}}"]
+  cfg = yaml.safe_load((run / "config.yml").read_text()) if (run / "config.yml").exists() else {}
+  if (cfg.get("model") or {}).get("hf_path") and (cfg.get("pipeline") or {}).get("phases", [None])[0] == "rsr1":
+    return []
+  raise FileNotFoundError(f"no Base in {run}: neither an rsr0 checkpoint nor an imported model.hf_path that RSR-1 "
+                          f"starts from (run scripts/learn_check.sh first)")
+
+
 def run_rewrite(run: Path, num_runbooks: int, overrides: list[str], broken: bool = False) -> tuple[int, Path]:
   """RSR-1 with the runbook stage on, from ``run``'s Base checkpoint, in ``<run>_rewrite`` (``broken``:
   trained on the rejected executions, in ``<run>_rewrite_broken``)."""
-  base = run / "checkpoints" / "rsr0"
-  if not base.is_dir():
-    raise FileNotFoundError(f"no Base (rsr0) checkpoint in {run} (run scripts/learn_check.sh first)")
+  start = base_weights(run)
   name = f"{run.name}_rewrite" + ("_broken" if broken else "")
   if broken:
     from rsi_jax.rsr import funnel
     funnel.execution_verified = rejected_only  # the deliberate bug
-  rc = learn_check_rpr.rerun(run, "rsr1", name, [f"pipeline.actor_from={{rsr1: {base}}}", "rsr.policy=actor",
-                                                 f"rsr.num_runbooks={num_runbooks}", *overrides])
+  rc = learn_check_rpr.rerun(run, "rsr1", name, [*start, "rsr.policy=actor", f"rsr.num_runbooks={num_runbooks}",
+                                                 *overrides])
   return rc, run.parent / name
 
 
@@ -89,7 +102,7 @@ def main(argv=None) -> int:
       rc, rewrite_run = run_rewrite(self_run, n, rest, broken)
       if rc != 0:
         return rc
-      learn_check_table.main([str(rewrite_run), "--start-label", "Base (the run's rsr0 checkpoint)"])
+      learn_check_table.main([str(rewrite_run), "--start-label", "Base (the run's own)"])
     else:
       print(__doc__, file=sys.stderr)
       return 2

@@ -7,6 +7,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import learn_check_rewrite  # noqa: E402
 
@@ -55,4 +57,15 @@ def test_usage_and_a_run_without_a_base_checkpoint_are_refused(tmp_path, capsys)
   assert learn_check_rewrite.main([]) == 2
   (tmp_path / "r").mkdir()
   assert learn_check_rewrite.main([str(tmp_path / "r")]) == 2
-  assert "no Base (rsr0) checkpoint" in capsys.readouterr().err
+  assert "no Base in" in capsys.readouterr().err
+  # a --stand-in-base run: RSR-1 is its first phase and starts from the imported Base; another first phase does not
+  (tmp_path / "r" / "config.yml").write_text("model: {hf_path: runs/stand_in_base/hf}\n"
+                                             "pipeline: {phases: [rsr1, critic_seed, rpr1]}\n")
+  assert learn_check_rewrite.base_weights(tmp_path / "r") == []
+  (tmp_path / "r" / "config.yml").write_text("model: {hf_path: runs/stand_in_base/hf}\n"
+                                             "pipeline: {phases: [rsr0, rsr1]}\n")
+  with pytest.raises(FileNotFoundError, match="neither an rsr0 checkpoint nor an imported model.hf_path"):
+    learn_check_rewrite.base_weights(tmp_path / "r")
+  (tmp_path / "r" / "checkpoints" / "rsr0").mkdir(parents=True)
+  assert learn_check_rewrite.base_weights(tmp_path / "r") == [
+      f"pipeline.actor_from={{rsr1: {tmp_path / 'r' / 'checkpoints' / 'rsr0'}}}"]
