@@ -187,8 +187,7 @@ class CorpusShell:
 def procedures(n: int, seed: int, values) -> list[tuple[str, dict[str, str], list[str]]]:
   """``n`` procedure episodes, seeded (procedures in turn, a random phrasing, distinct values from ``values``):
   (instruction, {command: output}, commands in order)."""
-  if set(values) & CHECK_VALUES:
-    raise ValueError(f"corpus values shared with the learning check's tasks: {sorted(set(values) & CHECK_VALUES)}")
+  _check_values(values)
   rng = random.Random(f"base-corpus-procedures-{seed}")
   out = []
   for k in range(n):
@@ -225,6 +224,12 @@ def shape_words() -> frozenset[str]:
   return frozenset(w for t in texts for w in re.findall(r"[a-z]+", re.sub(r"\{\w\}", " ", t)))
 
 
+def _check_values(values):
+  """Refuse corpus values that are the learning check's own (no corpus pair may be one of its tasks)."""
+  if set(values) & CHECK_VALUES:
+    raise ValueError(f"corpus values shared with the learning check's tasks: {sorted(set(values) & CHECK_VALUES)}")
+
+
 def _draw(rng: random.Random, values) -> dict:
   words = rng.sample(list(values), 5)
   drawn = dict(zip("abcwv", words))
@@ -236,8 +241,7 @@ def pairs(n: int, seed: int, values, *, broken: bool = False) -> list[tuple[str,
   """``n`` (instruction, command) pairs, seeded: shapes in turn (each shape equally often), a random phrasing,
   distinct values drawn from ``values`` (:func:`value_pools`). ``broken``: the command's values drawn afresh,
   independently of the instruction's (the broken variant)."""
-  if set(values) & CHECK_VALUES:
-    raise ValueError(f"corpus values shared with the learning check's tasks: {sorted(set(values) & CHECK_VALUES)}")
+  _check_values(values)
   rng = random.Random(f"base-corpus-{seed}")
   wrong = random.Random(f"base-corpus-{seed}-broken")  # its own stream: the broken variant's instructions are kept
   out = []
