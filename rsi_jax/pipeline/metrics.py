@@ -81,6 +81,7 @@ class MetricLogger:
         _repair_cut_line(f)
     self._tb = None
     self._tensorboard = tensorboard and writes
+    self._plotted: tuple[list[dict], list[str]] | None = None  # the records last drawn, and the files
 
   def _writer(self):
     """TensorBoard's writer, opened on first use; its first event tells TensorBoard to hide the events of an
@@ -144,9 +145,13 @@ class MetricLogger:
     return rec
 
   def plot(self) -> list[str]:
-    """One PNG per metric in :data:`PLOTS` that has data: every phase's raw points and causal mean."""
+    """One PNG per metric in :data:`PLOTS` that has data: every phase's raw points and causal mean. Records
+    already drawn (the run's end right after its last phase's) are not drawn again."""
     if not self.writes:
       return []
+    if self._plotted is not None and self._plotted[0] == self.records and all(
+        epath.Path(f).exists() for f in self._plotted[1]):
+      return list(self._plotted[1])
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -178,6 +183,7 @@ class MetricLogger:
         fig.savefig(f, format="png")
       plt.close(fig)
       written.append(str(path))
+    self._plotted = ([dict(r) for r in self.records], written)
     return written
 
   def close(self):

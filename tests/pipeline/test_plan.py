@@ -2,6 +2,7 @@
 defaults (that every config key does something: tests/test_config_keys.py)."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -175,6 +176,16 @@ def test_metric_logger_truncates_redone_steps_and_plots(tmp_path):
   files = m2.plot()
   assert sorted(Path(f).name for f in files) == ["nll_per_token.png", "reward_mean.png"]
   assert all(Path(f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in files)
+  # the same records again (the run's end right after its last phase's): not drawn again; a new record, or a
+  # plot file gone, is
+  stamps = {f: Path(f).stat().st_mtime_ns for f in files}
+  for f in files:
+    os.utime(f, ns=(1, 1))
+  assert m2.plot() == files and all(Path(f).stat().st_mtime_ns == 1 for f in files)
+  m2.log("rpr1", "rpr", 4, {"reward_mean": 0.7})
+  assert m2.plot() == files and all(Path(f).stat().st_mtime_ns > 1 for f in files), stamps
+  Path(files[0]).unlink()
+  assert m2.plot() == files and Path(files[0]).exists()
 
 
 def test_defaults_cpu_run_fits_the_machine():
