@@ -5,13 +5,19 @@ the corpus never holds (``unseen``) and on new pairs over the corpus's own value
 end, exact match on unseen values by shape (where copying fails).
 
 Usage: .venv/bin/python scripts/base_corpus_check.py [--pairs 6000] [--batch 16] [--epochs 1] [--every 75]
-       [--eval 68] [--by-shape 10] [--prompt bare|harness] [--broken]
+       [--eval 68] [--by-shape 10] [--prompt bare|harness] [--broken] [--compact]
+       [--shapes NAME,NAME,...]
        [--checkpoint DIR] [key=value ...]
        (key=value: config overrides, e.g. model.base_emb_dim=128)
 
 ``--prompt harness``: every pair as the learning check's json-harness first turn (its system prompt), as the
 training program's corpus phase (``rsr.policy: corpus``, configs/stand_in_base.yml) trains on it.
 ``--checkpoint DIR``: measure a Base that program made, instead of training one here.
+
+``--compact``: the model's vocabulary is only the ids the pairs use, training and evaluated
+(tests/rl/test_sft_learning.py's ``CompactVocab``): the output layer, nearly all of an update's cost at the real
+vocabulary, shrinks ~8x. It measures what the corpus teaches at a cost CI can pay
+(tests/env/test_base_corpus_copying.py), not a Base the program can use.
 
 ``--broken``: the corpus's broken variant (each command's values drawn afresh, not copied), which must not
 teach copying. Writes nothing; the figures go into the issue note.
@@ -36,6 +42,9 @@ def main(argv=None) -> int:
   ap.add_argument("--every", type=int, default=75)
   ap.add_argument("--eval", type=int, default=68, help="evaluation pairs per kind")
   ap.add_argument("--broken", action="store_true")
+  ap.add_argument("--compact", action="store_true", help="the model's vocabulary: the ids the pairs use")
+  ap.add_argument("--shapes", help="comma-separated shape names: the corpus and its measures over these only "
+                                   "(default: every shape)")
   ap.add_argument("--by-shape", type=int, default=10, metavar="N",
                   help="at the end, exact match on N unseen-value pairs per shape (0: not)")
   ap.add_argument("--prompt", choices=("harness", "bare"), default="bare",
@@ -47,6 +56,8 @@ def main(argv=None) -> int:
                        "give its model as key=value (e.g. model_name=qwen3-tiny-8x128)")
   ap.add_argument("overrides", nargs="*")
   a = ap.parse_args(argv)
+  if a.compact and a.checkpoint:
+    ap.error("--compact trains a model of its own; it cannot measure a --checkpoint")
   from rsi_jax.config import CONFIG_DIR, load_config
   from rsi_jax.env import base_corpus as bc
   from rsi_jax.models import ChatRenderer, load_tokenizer
@@ -54,10 +65,17 @@ def main(argv=None) -> int:
 
   tok = load_tokenizer()
   seen, unseen = bc.value_pools(tok)
+  by_name = {s.name: s for s in bc.SHAPES}
+  names = a.shapes.split(",") if a.shapes else list(by_name)
+  if unknown := [n for n in names if n not in by_name]:
+    ap.error(f"--shapes: no shape {', '.join(unknown)} (shapes: {', '.join(by_name)})")
+  shapes = tuple(by_name[n] for n in names)
   as_reply = lambda ps: [(i, bc.reply(c)) for i, c in ps]  # noqa: E731
-  train = as_reply(bc.pairs(0 if a.checkpoint else a.pairs, 0, seen, broken=a.broken))
-  held = {"unseen": as_reply(bc.pairs(a.eval, 1, unseen)), "seen, new pairs": as_reply(bc.pairs(a.eval, 2, seen))}
-  print(f"corpus: {0 if a.checkpoint else a.pairs} pairs over {len(seen)} values, {len(bc.SHAPES)} shapes"
+  train = as_reply(bc.pairs(0 if a.checkpoint else a.pairs, 0, seen, broken=a.broken, shapes=shapes))
+  held = {"unseen": as_reply(bc.pairs(a.eval, 1, unseen, shapes=shapes)),
+          "seen, new pairs": as_reply(bc.pairs(a.eval, 2, seen, shapes=shapes))}
+  probe = as_reply(bc.pairs(a.by_shape * len(shapes), 4, unseen, shapes=shapes))  # unseen values, by shape
+  print(f"corpus: {0 if a.checkpoint else a.pairs} pairs over {len(seen)} values, {len(shapes)} shapes"
         f"{' (broken: values not copied)' if a.broken else ''}; {len(unseen)} values kept out", flush=True)
   # the learning check's SFT optimizer (configs/learn_check.yml: no weight decay, which would shrink the tied
   # embeddings of the values the corpus never holds, and so their logits, at every update)
@@ -68,7 +86,10 @@ def main(argv=None) -> int:
         CONFIG_DIR / "learn_check.yml").env)
     prompt, seq_len = harness.prompt_for, 256
   check = SFTCheck(tok, renderer, train, held["unseen"], seq_len=seq_len, batch=a.batch, epochs=a.epochs,
-                   max_new_tokens=48, overrides=["actor_optim.weight_decay=0.0", *a.overrides], prompt=prompt)
+                   max_new_tokens=48, overrides=["actor_optim.weight_decay=0.0", *a.overrides], prompt=prompt,
+                   compact=a.compact, compact_also=[*held["seen, new pairs"], *probe])
+  if check.vocab:
+    print(f"compact vocabulary: {check.vocab.size} ids (of {tok.vocab_size})", flush=True)
   t0 = time.time()
 
   def report(n, state, aux):
@@ -91,14 +112,13 @@ def main(argv=None) -> int:
     else:
       params, _ = check.train(after_update=report)
     if a.by_shape:  # where copying fails: unseen values, by shape (pairs take the shapes in turn)
-      probe = as_reply(bc.pairs(a.by_shape * len(bc.SHAPES), 4, unseen))
       _, texts = check.exact_match(params, probe)
       hits, misses = collections.Counter(), collections.defaultdict(list)
       for k, ((_, want), got) in enumerate(zip(probe, texts)):
-        name = bc.SHAPES[k % len(bc.SHAPES)].name
+        name = shapes[k % len(shapes)].name
         hits[name] += want == got
         misses[name] += [] if want == got else [(want, got)]
-      order = sorted(bc.SHAPES, key=lambda s: hits[s.name])
+      order = sorted(shapes, key=lambda s: hits[s.name])
       print(f"unseen, by shape ({a.by_shape} pairs each; {sum(hits.values()) / len(probe):.3f} in all): "
             + ", ".join(f"{s.name} {hits[s.name]}" for s in order), flush=True)
       for s in [s for s in order if misses[s.name]][:6]:  # the worst shapes' first miss

@@ -237,16 +237,18 @@ def _draw(rng: random.Random, values) -> dict:
   return drawn
 
 
-def pairs(n: int, seed: int, values, *, broken: bool = False) -> list[tuple[str, str]]:
-  """``n`` (instruction, command) pairs, seeded: shapes in turn (each shape equally often), a random phrasing,
-  distinct values drawn from ``values`` (:func:`value_pools`). ``broken``: the command's values drawn afresh,
-  independently of the instruction's (the broken variant)."""
+def pairs(n: int, seed: int, values, *, broken: bool = False, shapes=SHAPES) -> list[tuple[str, str]]:
+  """``n`` (instruction, command) pairs, seeded: ``shapes`` in turn (each shape equally often; default all), a
+  random phrasing, distinct values drawn from ``values`` (:func:`value_pools`). ``broken``: the command's values
+  drawn afresh, independently of the instruction's (the broken variant)."""
   _check_values(values)
+  if not shapes:
+    raise ValueError("pairs need at least one shape")
   rng = random.Random(f"base-corpus-{seed}")
   wrong = random.Random(f"base-corpus-{seed}-broken")  # its own stream: the broken variant's instructions are kept
   out = []
   for k in range(n):
-    shape = SHAPES[k % len(SHAPES)]
+    shape = shapes[k % len(shapes)]
     said = _draw(rng, values)
     done = _draw(wrong, values) if broken else said
     out.append((rng.choice(shape.phrasings).format(**said), shape.command.format(**done)))

@@ -46,6 +46,13 @@ def test_pairs_are_seeded_cover_every_shape_and_copy_the_instruction(pools):
     assert used and all(w in instruction for w in used), (instruction, command)
   assert not {w for _, c in ps for w in re.findall(r"[a-z]+", c)} & set(unseen)
   assert bc.reply("ls /app/x") == '{"command": "ls /app/x", "done": false}'
+  # a subset of shapes: those only, in turn
+  two = (bc.SHAPES[3], bc.SHAPES[0])
+  sub = bc.pairs(6, 0, seen, shapes=two)
+  programs = [c.split()[0] for _, c in sub]
+  assert programs == [two[k % 2].command.split()[0] for k in range(6)] and programs[:2] == ["cp", "echo"]
+  with pytest.raises(ValueError, match="at least one shape"):
+    bc.pairs(1, 0, seen, shapes=())
 
 
 def test_the_broken_variant_keeps_instructions_and_programs_but_not_the_values(pools):
@@ -122,3 +129,30 @@ def test_a_procedure_reads_a_value_the_instruction_does_not_give_and_acts_on_it(
     assert tokenizer.decode(list(gen)) == want
   with pytest.raises(ValueError, match="did not end with done .*max_turns 2 < 3 turns"):
     bc.procedure_episode(_harness(tokenizer, 2), tokenizer, *ps[0])
+
+
+@pytest.mark.slow
+def test_the_copy_check_script_trains_a_compact_model_on_some_shapes_and_reports_by_shape():
+  """scripts/base_corpus_check.py end to end at a toy size: --compact and --shapes reach the model and the
+  measures (the vocabulary's size is printed, the by-shape line names the chosen shapes only), and a bad shape
+  name is a usage error naming the shapes."""
+  import os
+  import subprocess
+  import sys
+
+  from rsi_jax.config import REPO_ROOT
+  script = [sys.executable, "scripts/base_corpus_check.py"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1")
+  p = subprocess.run([*script, "--compact", "--shapes", "rm,ls", "--pairs", "16", "--batch", "8", "--every", "2",
+                      "--eval", "2", "--by-shape", "1"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                     timeout=600)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "16 pairs over" in p.stdout and ", 2 shapes;" in p.stdout, p.stdout
+  (vocab,) = re.findall(r"^compact vocabulary: (\d+) ids \(of 151669\)$", p.stdout, re.M)
+  assert 128 <= int(vocab) < 2000 and int(vocab) % 128 == 0
+  assert re.search(r"^update 2 \(\d+ s\): nll/token [\d.]+; unseen [\d.]+; seen, new pairs [\d.]+$", p.stdout, re.M)
+  (line,) = [x for x in p.stdout.splitlines() if x.startswith("unseen, by shape")]
+  assert sorted(w.split()[0] for w in line.split(": ", 1)[1].split(", ")) == ["ls", "rm"], line
+  bad = subprocess.run([*script, "--shapes", "rm,nope"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+  assert bad.returncode == 2 and "--shapes: no shape nope (shapes: echo-new," in bad.stderr, bad.stderr

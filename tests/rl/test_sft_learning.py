@@ -38,6 +38,7 @@ nothing the check is about) and one padded length. The module takes ~1 minute on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -125,6 +126,37 @@ def make_config(seq_len: int = SEQ_LEN, batch: int = BATCH, epochs: int = EPOCHS
       f"sampler.max_cache_length={2 * seq_len}", f"sampler.attention_block={2 * seq_len}", *overrides])
 
 
+class CompactVocab:
+  """The real tokenizer's ids renumbered densely over the ids a check's pairs use (its training and held-out
+  prompts and replies, and the special ids), for a model whose output layer has only those rows: the LM head,
+  nearly all of an update's cost at the real vocabulary (151,936 rows), shrinks to the check's own. A check of
+  what a corpus teaches, not of a model's size: a value the training pairs never hold still has its row (it
+  occurs in a held-out prompt), untrained except by the softmax's push-down, as at the full vocabulary.
+
+  Stands in for the tokenizer where the check needs it: ``pad_id``, ``im_end_id``, ``eos_ids`` (the sampler's
+  stop ids) and ``decode`` (compact ids -> text through the real tokenizer)."""
+
+  def __init__(self, tokenizer, ids, multiple: int = 128):
+    self.tok = tokenizer
+    keep = sorted({int(i) for i in ids} | set(tokenizer.eos_ids) | {tokenizer.pad_id, tokenizer.im_end_id})
+    self.real = np.asarray(keep, np.int64)
+    self.index = {r: k for k, r in enumerate(keep)}
+    self.size = -(-len(keep) // multiple) * multiple  # model.vocab_size: rows past the last id never occur
+    self.pad_id, self.im_end_id = self.index[tokenizer.pad_id], self.index[tokenizer.im_end_id]
+    self.eos_ids = tuple(self.index[i] for i in tokenizer.eos_ids)
+
+  def compact(self, ids) -> np.ndarray:
+    return np.asarray([self.index[int(i)] for i in ids], np.int32)
+
+  def decode(self, ids) -> str:
+    """Compact ids -> text; a padding row past the last id (the model may emit one) decodes to U+FFFD."""
+    ids = [int(i) for i in ids]
+    cut = [k for k, i in enumerate(ids) if not 0 <= i < len(self.real)]
+    if cut:
+      return self.decode(ids[:cut[0]]) + "\ufffd" + self.decode(ids[cut[0] + 1:])
+    return self.tok.decode([int(self.real[i]) for i in ids])
+
+
 class SFTCheck:
   """One tiny actor, one compiled train step and one sampler, shared by the runs. Every run starts from the
   same fresh weights (``run.seed``) and sees the same batches, so two runs differ only in their masks.
@@ -132,22 +164,35 @@ class SFTCheck:
   ``train`` / ``held``: (instruction, reply) pairs (default: this module's templates, :func:`split`);
   ``seq_len``: every row padded to it; ``max_new_tokens``: the evaluation's reply limit; ``overrides``: further
   ``key=value`` config overrides (e.g. the model's size); ``prompt``: instruction -> prompt ids, for training
-  and evaluation (default: the bare user message, :func:`prompt_ids`)."""
+  and evaluation (default: the bare user message, :func:`prompt_ids`); ``compact``: the model's vocabulary is
+  :class:`CompactVocab` over the ids of ``train`` and of ``compact_also`` (further (instruction, reply) pairs
+  the check will evaluate), not the real one."""
 
   def __init__(self, tokenizer, renderer, train=None, held=None, *, seq_len: int = SEQ_LEN, batch: int = BATCH,
-               epochs: int = EPOCHS, max_new_tokens: int = 24, overrides=(), prompt=None):
+               epochs: int = EPOCHS, max_new_tokens: int = 24, overrides=(), prompt=None, compact: bool = False,
+               compact_also=()):
     from rsi_jax.models import Actor, build_mesh, make_optimizer, make_train_step, masked_nll_loss
-    self.cfg = make_config(seq_len, batch, epochs, overrides)
-    self.seq_len, self.batch, self.max_new_tokens = seq_len, batch, max_new_tokens
-    self.tok, self.renderer = tokenizer, renderer
-    self.prompt = prompt or (lambda text: prompt_ids(renderer, text))
-    self.actor = Actor(self.cfg, build_mesh(self.cfg, jax.devices()[:1]))
-    self.opt = make_optimizer(self.cfg.actor_optim)
-    self.step = make_train_step(self.actor, self.opt, masked_nll_loss(self.actor))
     if train is None:
       train, held = ([pair(it) for it in part] for part in split())
     self.train_pairs, self.held_pairs = list(train), list(held)
-    self.episodes = [episode(tokenizer, renderer, p, k, self.prompt) for k, p in enumerate(self.train_pairs)]
+    prompt = prompt or (lambda text: prompt_ids(renderer, text))
+    self.episodes = [episode(tokenizer, renderer, p, k, prompt) for k, p in enumerate(self.train_pairs)]
+    self.vocab = None
+    if compact:
+      evaluated = [*self.held_pairs, *compact_also]
+      used = [i for eps in self.episodes for s in eps for i in s.ids]
+      used += [i for ins, rep in evaluated for i in [*prompt(ins), *tokenizer.encode(rep)]]
+      self.vocab = v = CompactVocab(tokenizer, used)
+      self.episodes = [[dataclasses.replace(s, ids=v.compact(s.ids)) for s in eps] for eps in self.episodes]
+      overrides = [f"model.vocab_size={v.size}", *overrides]
+      real_prompt = prompt
+      prompt = lambda text: [int(i) for i in v.compact(real_prompt(text))]  # noqa: E731
+    self.cfg = make_config(seq_len, batch, epochs, overrides)
+    self.seq_len, self.batch, self.max_new_tokens = seq_len, batch, max_new_tokens
+    self.tok, self.renderer, self.prompt = self.vocab or tokenizer, renderer, prompt
+    self.actor = Actor(self.cfg, build_mesh(self.cfg, jax.devices()[:1]))
+    self.opt = make_optimizer(self.cfg.actor_optim)
+    self.step = make_train_step(self.actor, self.opt, masked_nll_loss(self.actor))
     self.sampler = None
 
   def close(self):
@@ -243,6 +288,25 @@ def test_samples_train_exactly_the_json_action(tok_renderer):
     for name in (item[1], item[2]):  # copied as one and the same id
       (i,) = tok.encode(" " + name)
       assert i in p and i in s.ids[n:]
+
+
+def test_a_compact_vocabulary_renumbers_the_pairs_ids_and_decodes_them_back(tok_renderer):
+  """CompactVocab: dense ids over what a check uses plus the special ids, the real text decoded back, and a
+  padding row (never a real id) decoded to U+FFFD, so an output that holds one never equals an expected reply."""
+  tok, renderer = tok_renderer
+  text = '{"command": "echo apple > notes.txt"}'
+  used = prompt_ids(renderer, "Create notes.txt containing the word apple.") + tok.encode(text)
+  v = CompactVocab(tok, used)
+  assert len(v.real) == len(set(used) | set(tok.eos_ids) | {tok.pad_id}) and v.size % 128 == 0
+  assert v.size >= len(v.real) and list(v.real) == sorted(v.real)
+  c = v.compact(tok.encode(text))
+  assert c.max() < len(v.real) and v.decode(c) == text
+  assert v.real[v.im_end_id] == tok.im_end_id and [v.real[i] for i in v.eos_ids] == list(tok.eos_ids)
+  assert v.real[v.pad_id] == tok.pad_id
+  assert v.decode([*c[:2], v.size - 1, *c[2:]]) == tok.decode(tok.encode(text)[:2]) + "\ufffd" + \
+      tok.decode(tok.encode(text)[2:])
+  with pytest.raises(KeyError):
+    v.compact(tok.encode(" banana"))  # an id no pair used has no row
 
 
 def test_sft_learns_held_out_json_actions(check):
