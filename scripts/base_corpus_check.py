@@ -6,7 +6,7 @@ end, exact match on unseen values by shape (where copying fails).
 
 Usage: .venv/bin/python scripts/base_corpus_check.py [--pairs 6000] [--batch 16] [--epochs 1] [--every 75]
        [--eval 68] [--by-shape 10] [--prompt bare|harness] [--broken] [--compact]
-       [--shapes NAME,NAME,...]
+       [--shapes NAME,NAME,...] [--seq-len T]
        [--checkpoint DIR] [key=value ...]
        (key=value: config overrides, e.g. model.base_emb_dim=128)
 
@@ -16,8 +16,7 @@ training program's corpus phase (``rsr.policy: corpus``, configs/stand_in_base.y
 
 ``--compact``: the model's vocabulary is only the ids the pairs use, training and evaluated
 (tests/rl/test_sft_learning.py's ``CompactVocab``): the output layer, nearly all of an update's cost at the real
-vocabulary, shrinks ~8x. It measures what the corpus teaches at a cost CI can pay
-(tests/env/test_base_corpus_copying.py), not a Base the program can use.
+vocabulary, shrinks ~8x. It measures what the corpus teaches at a smaller cost, not a Base the program can use.
 
 ``--broken``: the corpus's broken variant (each command's values drawn afresh, not copied), which must not
 teach copying. Writes nothing; the figures go into the issue note.
@@ -32,6 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+MAX_NEW = 48  # the evaluation's reply limit
 
 
 def main(argv=None) -> int:
@@ -54,6 +54,8 @@ def main(argv=None) -> int:
   ap.add_argument("--checkpoint", metavar="DIR",
                   help="measure this Base checkpoint (or phase folder: its newest step) instead of training one; "
                        "give its model as key=value (e.g. model_name=qwen3-tiny-8x128)")
+  ap.add_argument("--seq-len", type=int, metavar="T",
+                  help="every training row padded to T tokens (default: the longest pair's row, rounded up to 8)")
   ap.add_argument("overrides", nargs="*")
   a = ap.parse_args(argv)
   if a.compact and a.checkpoint:
@@ -61,7 +63,7 @@ def main(argv=None) -> int:
   from rsi_jax.config import CONFIG_DIR, load_config
   from rsi_jax.env import base_corpus as bc
   from rsi_jax.models import ChatRenderer, load_tokenizer
-  from tests.rl.test_sft_learning import SFTCheck
+  from tests.rl.test_sft_learning import SFTCheck, prompt_ids
 
   tok = load_tokenizer()
   seen, unseen = bc.value_pools(tok)
@@ -79,14 +81,17 @@ def main(argv=None) -> int:
         f"{' (broken: values not copied)' if a.broken else ''}; {len(unseen)} values kept out", flush=True)
   # the learning check's SFT optimizer (configs/learn_check.yml: no weight decay, which would shrink the tied
   # embeddings of the values the corpus never holds, and so their logits, at every update)
-  renderer, prompt, seq_len = ChatRenderer(tok), None, 80
+  renderer, prompt = ChatRenderer(tok), None
   if a.prompt == "harness":  # the learning check's json harness (configs/learn_check.yml: one turn, 20 s)
     from rsi_jax.env.harness import ScriptedPolicy, make_harness
     harness = make_harness("json", ScriptedPolicy(tok, []), renderer, env_cfg=load_config(
         CONFIG_DIR / "learn_check.yml").env)
-    prompt, seq_len = harness.prompt_for, 256
+    prompt = harness.prompt_for
+  seq_len = a.seq_len or fitted_length(tok, prompt or (lambda text: prompt_ids(renderer, text)),
+                                       [*train, *held["unseen"], *held["seen, new pairs"], *probe], MAX_NEW)
+  print(f"rows of {seq_len} tokens", flush=True)
   check = SFTCheck(tok, renderer, train, held["unseen"], seq_len=seq_len, batch=a.batch, epochs=a.epochs,
-                   max_new_tokens=48, overrides=["actor_optim.weight_decay=0.0", *a.overrides], prompt=prompt,
+                   max_new_tokens=MAX_NEW, overrides=["actor_optim.weight_decay=0.0", *a.overrides], prompt=prompt,
                    compact=a.compact, compact_also=[*held["seen, new pairs"], *probe])
   if check.vocab:
     print(f"compact vocabulary: {check.vocab.size} ids (of {tok.vocab_size})", flush=True)
@@ -127,6 +132,15 @@ def main(argv=None) -> int:
   finally:
     check.close()
   return 0
+
+
+def fitted_length(tok, prompt, pairs, max_new_tokens: int, multiple: int = 8) -> int:
+  """The row length that holds every (instruction, reply) pair as one sample (prompt, reply, ``<|im_end|>``),
+  rounded up to ``multiple``, and whose sampler cache (SFTCheck: twice the row) holds the longest prompt and
+  ``max_new_tokens``. A fixed 80 (bare) or 256 (harness) tokens padded rows of 44 tokens on average."""
+  longest = max(len(prompt(ins)) + len(tok.encode(rep)) + 1 for ins, rep in pairs)
+  longest = max(longest, -(-(max(len(prompt(ins)) for ins, _ in pairs) + max_new_tokens) // 2))
+  return -(-longest // multiple) * multiple
 
 
 if __name__ == "__main__":

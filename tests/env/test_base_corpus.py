@@ -150,9 +150,34 @@ def test_the_copy_check_script_trains_a_compact_model_on_some_shapes_and_reports
   assert "16 pairs over" in p.stdout and ", 2 shapes;" in p.stdout, p.stdout
   (vocab,) = re.findall(r"^compact vocabulary: (\d+) ids \(of 151669\)$", p.stdout, re.M)
   assert 128 <= int(vocab) < 2000 and int(vocab) % 128 == 0
+  (rows,) = re.findall(r"^rows of (\d+) tokens$", p.stdout, re.M)  # fitted to rm and ls, not a fixed 80
+  assert int(rows) % 8 == 0 and 32 <= int(rows) <= 56, rows
   assert re.search(r"^update 2 \(\d+ s\): nll/token [\d.]+; unseen [\d.]+; seen, new pairs [\d.]+$", p.stdout, re.M)
   (line,) = [x for x in p.stdout.splitlines() if x.startswith("unseen, by shape")]
   assert sorted(w.split()[0] for w in line.split(": ", 1)[1].split(", ")) == ["ls", "rm"], line
   bad = subprocess.run([*script, "--shapes", "rm,nope"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                        timeout=600)
   assert bad.returncode == 2 and "--shapes: no shape nope (shapes: echo-new," in bad.stderr, bad.stderr
+
+
+def test_the_copy_check_pads_rows_to_its_longest_pair_and_leaves_the_sampler_room(tokenizer, pools):
+  """base_corpus_check.fitted_length: the shortest multiple of 8 that holds every pair's row (prompt, reply,
+  <|im_end|>), unless the sampler's cache (twice the row) needs more for the longest prompt and the reply
+  limit."""
+  import importlib.util
+
+  from rsi_jax.config import REPO_ROOT
+  from rsi_jax.models import ChatRenderer
+  from tests.rl.test_sft_learning import prompt_ids
+  spec = importlib.util.spec_from_file_location("base_corpus_check", REPO_ROOT / "scripts/base_corpus_check.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  renderer = ChatRenderer(tokenizer)
+  prompt = lambda text: prompt_ids(renderer, text)  # noqa: E731
+  ps = [(i, bc.reply(c)) for i, c in bc.pairs(200, 0, pools[0])]
+  rows = [len(prompt(i)) + len(tokenizer.encode(r)) + 1 for i, r in ps]
+  t = mod.fitted_length(tokenizer, prompt, ps, max_new_tokens=8)
+  assert t % 8 == 0 and max(rows) <= t < max(rows) + 8, (t, max(rows))
+  longest_prompt = max(len(prompt(i)) for i, _ in ps)
+  t = mod.fitted_length(tokenizer, prompt, ps, max_new_tokens=200)
+  assert t % 8 == 0 and longest_prompt + 200 <= 2 * t < longest_prompt + 200 + 16, (t, longest_prompt)
