@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-MAX_NEW = 48  # the evaluation's reply limit
 
 
 def main(argv=None) -> int:
@@ -55,7 +54,8 @@ def main(argv=None) -> int:
                   help="measure this Base checkpoint (or phase folder: its newest step) instead of training one; "
                        "give its model as key=value (e.g. model_name=qwen3-tiny-8x128)")
   ap.add_argument("--seq-len", type=int, metavar="T",
-                  help="every training row padded to T tokens (default: the longest pair's row, rounded up to 8)")
+                  help="every training row padded to T tokens (default: the longest training row or evaluated "
+                       "prompt, rounded up to 8, with room for the reply in the sampler's cache)")
   ap.add_argument("overrides", nargs="*")
   a = ap.parse_args(argv)
   if a.compact and a.checkpoint:
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
   from rsi_jax.config import CONFIG_DIR, load_config
   from rsi_jax.env import base_corpus as bc
   from rsi_jax.models import ChatRenderer, load_tokenizer
-  from tests.rl.test_sft_learning import SFTCheck, prompt_ids
+  from tests.rl.test_sft_learning import SFTCheck
 
   tok = load_tokenizer()
   seen, unseen = bc.value_pools(tok)
@@ -87,12 +87,10 @@ def main(argv=None) -> int:
     harness = make_harness("json", ScriptedPolicy(tok, []), renderer, env_cfg=load_config(
         CONFIG_DIR / "learn_check.yml").env)
     prompt = harness.prompt_for
-  seq_len = a.seq_len or fitted_length(tok, prompt or (lambda text: prompt_ids(renderer, text)),
-                                       [*train, *held["unseen"], *held["seen, new pairs"], *probe], MAX_NEW)
-  print(f"rows of {seq_len} tokens", flush=True)
-  check = SFTCheck(tok, renderer, train, held["unseen"], seq_len=seq_len, batch=a.batch, epochs=a.epochs,
-                   max_new_tokens=MAX_NEW, overrides=["actor_optim.weight_decay=0.0", *a.overrides], prompt=prompt,
+  check = SFTCheck(tok, renderer, train, held["unseen"], seq_len=a.seq_len, batch=a.batch, epochs=a.epochs,
+                   max_new_tokens=48, overrides=["actor_optim.weight_decay=0.0", *a.overrides], prompt=prompt,
                    compact=a.compact, compact_also=[*held["seen, new pairs"], *probe])
+  print(f"rows of {check.seq_len} tokens", flush=True)
   if check.vocab:
     print(f"compact vocabulary: {check.vocab.size} ids (of {tok.vocab_size})", flush=True)
   t0 = time.time()
@@ -132,15 +130,6 @@ def main(argv=None) -> int:
   finally:
     check.close()
   return 0
-
-
-def fitted_length(tok, prompt, pairs, max_new_tokens: int, multiple: int = 8) -> int:
-  """The row length that holds every (instruction, reply) pair as one sample (prompt, reply, ``<|im_end|>``),
-  rounded up to ``multiple``, and whose sampler cache (SFTCheck: twice the row) holds the longest prompt and
-  ``max_new_tokens``. A fixed 80 (bare) or 256 (harness) tokens padded rows of 44 tokens on average."""
-  longest = max(len(prompt(ins)) + len(tok.encode(rep)) + 1 for ins, rep in pairs)
-  longest = max(longest, -(-(max(len(prompt(ins)) for ins, _ in pairs) + max_new_tokens) // 2))
-  return -(-longest // multiple) * multiple
 
 
 if __name__ == "__main__":

@@ -161,23 +161,17 @@ def test_the_copy_check_script_trains_a_compact_model_on_some_shapes_and_reports
 
 
 def test_the_copy_check_pads_rows_to_its_longest_pair_and_leaves_the_sampler_room(tokenizer, pools):
-  """base_corpus_check.fitted_length: the shortest multiple of 8 that holds every pair's row (prompt, reply,
-  <|im_end|>), unless the sampler's cache (twice the row) needs more for the longest prompt and the reply
-  limit."""
-  import importlib.util
-
-  from rsi_jax.config import REPO_ROOT
+  """fit_seq_len (SFTCheck's rows for base_corpus_check.py): the shortest multiple of 8 that holds every pair's
+  row (prompt, reply, <|im_end|>), unless the sampler's cache (twice the row) needs more for the longest prompt
+  and the reply limit."""
   from rsi_jax.models import ChatRenderer
-  from tests.rl.test_sft_learning import prompt_ids
-  spec = importlib.util.spec_from_file_location("base_corpus_check", REPO_ROOT / "scripts/base_corpus_check.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
+  from tests.rl.test_sft_learning import fit_seq_len, prompt_ids
   renderer = ChatRenderer(tokenizer)
-  prompt = lambda text: prompt_ids(renderer, text)  # noqa: E731
   ps = [(i, bc.reply(c)) for i, c in bc.pairs(200, 0, pools[0])]
-  rows = [len(prompt(i)) + len(tokenizer.encode(r)) + 1 for i, r in ps]
-  t = mod.fitted_length(tokenizer, prompt, ps, max_new_tokens=8)
+  prompts = [len(prompt_ids(renderer, i)) for i, _ in ps]
+  rows = [n + len(tokenizer.encode(r)) + 1 for n, (_, r) in zip(prompts, ps)]
+  t = fit_seq_len(rows, prompts, max_new_tokens=8)
   assert t % 8 == 0 and max(rows) <= t < max(rows) + 8, (t, max(rows))
-  longest_prompt = max(len(prompt(i)) for i, _ in ps)
-  t = mod.fitted_length(tokenizer, prompt, ps, max_new_tokens=200)
+  longest_prompt = max(prompts)
+  t = fit_seq_len(rows, prompts, max_new_tokens=200)
   assert t % 8 == 0 and longest_prompt + 200 <= 2 * t < longest_prompt + 200 + 16, (t, longest_prompt)

@@ -126,6 +126,14 @@ def make_config(seq_len: int = SEQ_LEN, batch: int = BATCH, epochs: int = EPOCHS
       f"sampler.max_cache_length={2 * seq_len}", f"sampler.attention_block={2 * seq_len}", *overrides])
 
 
+def fit_seq_len(rows, prompts, max_new_tokens: int, multiple: int = 8) -> int:
+  """The shortest multiple of ``multiple`` that holds every training row (``rows``: their token counts) and every
+  evaluated prompt (``prompts``: make_config's prefill limit is the row), and whose sampler cache (make_config:
+  twice the row) holds the longest prompt and ``max_new_tokens``."""
+  need = max(*rows, *prompts, -(-(max(prompts) + max_new_tokens) // 2))
+  return -(-need // multiple) * multiple
+
+
 class CompactVocab:
   """The real tokenizer's ids renumbered densely over the ids a check's pairs use (its training and held-out
   prompts and replies, and the special ids), for a model whose output layer has only those rows: the LM head,
@@ -164,11 +172,12 @@ class SFTCheck:
   ``train`` / ``held``: (instruction, reply) pairs (default: this module's templates, :func:`split`);
   ``seq_len``: every row padded to it; ``max_new_tokens``: the evaluation's reply limit; ``overrides``: further
   ``key=value`` config overrides (e.g. the model's size); ``prompt``: instruction -> prompt ids, for training
-  and evaluation (default: the bare user message, :func:`prompt_ids`); ``compact``: the model's vocabulary is
-  :class:`CompactVocab` over the ids of ``train`` and of ``compact_also`` (further (instruction, reply) pairs
-  the check will evaluate), not the real one."""
+  and evaluation (default: the bare user message, :func:`prompt_ids`); ``compact_also``: further (instruction,
+  reply) pairs the check will evaluate; ``seq_len=None``: rows fitted to the training rows and the evaluated
+  prompts (:func:`fit_seq_len`); ``compact``: the model's vocabulary is :class:`CompactVocab` over the ids of
+  ``train`` and of the evaluated pairs, not the real one."""
 
-  def __init__(self, tokenizer, renderer, train=None, held=None, *, seq_len: int = SEQ_LEN, batch: int = BATCH,
+  def __init__(self, tokenizer, renderer, train=None, held=None, *, seq_len: int | None = SEQ_LEN, batch: int = BATCH,
                epochs: int = EPOCHS, max_new_tokens: int = 24, overrides=(), prompt=None, compact: bool = False,
                compact_also=()):
     from rsi_jax.models import Actor, build_mesh, make_optimizer, make_train_step, masked_nll_loss
@@ -177,9 +186,12 @@ class SFTCheck:
     self.train_pairs, self.held_pairs = list(train), list(held)
     prompt = prompt or (lambda text: prompt_ids(renderer, text))
     self.episodes = [episode(tokenizer, renderer, p, k, prompt) for k, p in enumerate(self.train_pairs)]
+    evaluated = [*self.held_pairs, *compact_also]
+    if seq_len is None:
+      seq_len = fit_seq_len([len(s.ids) for eps in self.episodes for s in eps],
+                            [len(prompt(ins)) for ins, _ in evaluated], max_new_tokens)
     self.vocab = None
     if compact:
-      evaluated = [*self.held_pairs, *compact_also]
       used = [i for eps in self.episodes for s in eps for i in s.ids]
       used += [i for ins, rep in evaluated for i in [*prompt(ins), *tokenizer.encode(rep)]]
       self.vocab = v = CompactVocab(tokenizer, used)
