@@ -84,7 +84,10 @@ class MeshConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-  """AdamW + global-norm clipping (paper App. A). Constant learning rate within a phase."""
+  """AdamW + global-norm clipping (paper App. A). Constant learning rate within a phase (the paper's), unless
+  ``schedule: cosine``: a linear warmup over ``warmup_steps`` updates, then a cosine decay to
+  ``final_lr_fraction`` × the rate at update ``decay_steps`` (warmup included), held there after. The count is
+  the optimizer's own (its state, checkpointed with it): every phase starts its schedule anew."""
   learning_rate: float = 5e-7
   b1: float = 0.90
   b2: float = 0.98
@@ -93,9 +96,27 @@ class OptimConfig:
   grad_clip: float = 1.0
   # false (Megatron's default, the paper's stack): norm scales and biases are not decayed
   decay_norms_and_biases: bool = False
+  schedule: str = "constant"  # constant | cosine
+  warmup_steps: int = 0  # linear warmup from 0 (either schedule)
+  decay_steps: int = 0  # cosine: the update at which the rate reaches its floor (warmup included)
+  final_lr_fraction: float = 0.01  # cosine: the floor, as a fraction of learning_rate
 
   def validate(self, p):
     check(self.learning_rate >= 0, f"{p}.learning_rate", f"must be >= 0, got {self.learning_rate}")
+    check(self.schedule in ("constant", "cosine"), f"{p}.schedule",
+          f"must be constant or cosine, got {self.schedule!r}")
+    check(self.warmup_steps >= 0, f"{p}.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+    if self.schedule == "cosine":
+      check(self.decay_steps > self.warmup_steps, f"{p}.decay_steps",
+            f"schedule cosine decays over decay_steps updates, warmup included: must be > warmup_steps "
+            f"({self.warmup_steps}), got {self.decay_steps}")
+      check(0 <= self.final_lr_fraction <= 1, f"{p}.final_lr_fraction",
+            f"must be in [0, 1], got {self.final_lr_fraction}")
+    else:  # no dead settings: what only the cosine schedule reads is refused under the constant one
+      check(self.decay_steps == 0, f"{p}.decay_steps",
+            f"only schedule cosine decays; schedule is {self.schedule!r} (set schedule: cosine, or leave it 0)")
+      check(self.final_lr_fraction == 0.01, f"{p}.final_lr_fraction",
+            f"only schedule cosine decays to a floor; schedule is {self.schedule!r}")
     check(0 <= self.b1 < 1, f"{p}.b1", f"must be in [0, 1), got {self.b1}")
     check(0 <= self.b2 < 1, f"{p}.b2", f"must be in [0, 1), got {self.b2}")
     check(self.eps > 0, f"{p}.eps", f"must be > 0, got {self.eps}")

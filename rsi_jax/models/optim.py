@@ -16,13 +16,28 @@ def make_optimizer(optim_cfg: OptimConfig) -> optax.GradientTransformation:
   """clip_by_global_norm(grad_clip) -> AdamW(lr, b1, b2, eps, weight_decay); one chain per role.
 
   Weight decay applies to the weight matrices and embeddings; norm scales and biases are exempt unless
-  ``decay_norms_and_biases`` (Megatron's default, the stack the paper trained with)."""
+  ``decay_norms_and_biases`` (Megatron's default, the stack the paper trained with). The rate follows
+  :func:`learning_rate_schedule`."""
   return optax.chain(
       optax.clip_by_global_norm(optim_cfg.grad_clip),
-      optax.adamw(optim_cfg.learning_rate, b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps,
+      optax.adamw(learning_rate_schedule(optim_cfg), b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps,
                   weight_decay=optim_cfg.weight_decay,
                   mask=None if optim_cfg.decay_norms_and_biases else decay_mask),
   )
+
+
+def learning_rate_schedule(o: OptimConfig) -> float | optax.Schedule:
+  """The rate by update: ``learning_rate`` itself when constant without warmup (the paper's; the optimizer state
+  then holds no count of its own, as before schedules were configurable), else an optax schedule: a linear warmup
+  from 0 over ``warmup_steps``, then constant or a cosine decay to ``final_lr_fraction`` × the rate at update
+  ``decay_steps``."""
+  if o.schedule == "cosine":
+    return optax.warmup_cosine_decay_schedule(0.0, o.learning_rate, o.warmup_steps, o.decay_steps,
+                                              end_value=o.learning_rate * o.final_lr_fraction)
+  if o.warmup_steps:
+    return optax.join_schedules([optax.linear_schedule(0.0, o.learning_rate, o.warmup_steps),
+                                 optax.constant_schedule(o.learning_rate)], [o.warmup_steps])
+  return o.learning_rate
 
 
 def decay_mask(params):
