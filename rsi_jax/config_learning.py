@@ -101,6 +101,14 @@ class OptimConfig:
   decay_steps: int = 0  # cosine: the update at which the rate reaches its floor (warmup included)
   final_lr_fraction: float = 0.01  # cosine: the floor, as a fraction of learning_rate
 
+  def schedule_label(self) -> str:
+    """The rate's course in words, for the lineage: ``constant``, ``warmup 50, then constant``, ``warmup 50,
+    cosine to 0.01x at 600``."""
+    warm = f"warmup {self.warmup_steps}, " if self.warmup_steps else ""
+    if self.schedule == "cosine":
+      return f"{warm}cosine to {self.final_lr_fraction:g}x at {self.decay_steps}"
+    return f"{warm}then constant" if warm else "constant"
+
   def validate(self, p):
     check(self.learning_rate >= 0, f"{p}.learning_rate", f"must be >= 0, got {self.learning_rate}")
     check(self.schedule in ("constant", "cosine"), f"{p}.schedule",

@@ -385,6 +385,9 @@ class Driver:
              "reward": cfg.reward.kind if spec.kind != "rsr" else None,
              "actor_lr": cfg.actor_optim.learning_rate if phase.trains_actor else None,
              "critic_lr": cfg.critic_optim.learning_rate if phase.uses_critic else None,
+             "lr_schedule": {role: o.schedule_label() for role, o, on in (
+                 ("actor", cfg.actor_optim, phase.trains_actor), ("critic", cfg.critic_optim, phase.uses_critic))
+                 if on},
              "code_version": code_version(), "seconds": round(time.time() - t0, 1), **phase.lineage_extra()}
     if self._config_changes:  # resumed with run.allow_config_change: the first phase to finish after it says so
       entry["config_changes"], self._config_changes = self._config_changes, []

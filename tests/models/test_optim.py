@@ -103,3 +103,10 @@ def test_schedule_settings_that_would_be_ignored_are_refused():
     load_config(None, ["actor_optim.schedule=linear"])
   cfg = load_config(None, ["actor_optim.schedule=cosine", "actor_optim.decay_steps=10"])
   assert cfg.actor_optim.schedule == "cosine" and cfg.critic_optim.schedule == "constant"
+
+
+def test_schedule_label_names_the_course_the_lineage_records():
+  assert OptimConfig().schedule_label() == "constant"
+  assert OptimConfig(warmup_steps=50).schedule_label() == "warmup 50, then constant"
+  assert OptimConfig(schedule="cosine", warmup_steps=50, decay_steps=600).schedule_label() == \
+      "warmup 50, cosine to 0.01x at 600"

@@ -56,6 +56,8 @@ def test_lineage_chains_phases_and_carries_the_critic(run):
   assert lineage[3]["actor_digest"] != lineage[2]["actor_digest"]
   assert lineage[4]["started_from"]["critic"] == lineage[3]["output"]  # RPR-2 continues the carried critic
   assert lineage[2]["reward"] == "fdr" and lineage[2]["actor_lr"] == 5e-7  # the rpr1 phase file applied
+  assert lineage[2]["lr_schedule"] == {"actor": "constant", "critic": "constant"}
+  assert lineage[0]["lr_schedule"] == {"actor": "constant"} and lineage[1]["lr_schedule"] == {"critic": "constant"}
   for e in lineage:
     assert len(e["config_digest"]) == 16 and e["code_version"]
     assert (e["reward_table_digest"] is None) == (e["kind"] == "rsr")
