@@ -6,7 +6,7 @@ end, exact match on unseen values by shape (where copying fails).
 
 Usage: .venv/bin/python scripts/base_corpus_check.py [--pairs 6000] [--batch 16] [--epochs 1] [--every 75]
        [--eval 68] [--by-shape 10] [--prompt bare|harness] [--broken] [--compact]
-       [--shapes NAME,NAME,...] [--seq-len T] [--cosine [WARMUP]]
+       [--shapes NAME,NAME,...] [--seq-len T] [--cosine [--warmup N]]
        [--checkpoint DIR] [key=value ...]
        (key=value: config overrides, e.g. model.base_emb_dim=128)
 
@@ -18,7 +18,7 @@ training program's corpus phase (``rsr.policy: corpus``, configs/stand_in_base.y
 (tests/rl/test_sft_learning.py's ``CompactVocab``): the output layer, nearly all of an update's cost at the real
 vocabulary, shrinks ~8x. It measures what the corpus teaches at a smaller cost, not a Base the program can use.
 
-``--cosine [WARMUP]``: the learning rate warms up over WARMUP updates (default 50) and decays on a cosine to 1%
+``--cosine``: the learning rate warms up over ``--warmup`` updates (default 50) and decays on a cosine to 1%
 at the run's last update (``actor_optim.schedule: cosine``, ``decay_steps`` the run's updates), instead of
 staying constant: copying then settles where the constant rate keeps moving it (README, learning check).
 
@@ -60,12 +60,15 @@ def main(argv=None) -> int:
   ap.add_argument("--seq-len", type=int, metavar="T",
                   help="every training row padded to T tokens (default: the longest training row or evaluated "
                        "prompt, rounded up to 8, with room for the reply in the sampler's cache)")
-  ap.add_argument("--cosine", type=int, nargs="?", const=50, metavar="WARMUP",
-                  help="warm the learning rate up over WARMUP updates (default 50), then decay it on a cosine to "
-                       "1%% at the last update")
+  ap.add_argument("--cosine", action="store_true",
+                  help="warm the learning rate up over --warmup updates, then decay it on a cosine to 1%% at the "
+                       "last update")
+  ap.add_argument("--warmup", type=int, metavar="N", help="--cosine's warmup in updates (default 50)")
   ap.add_argument("overrides", nargs="*")
   a = ap.parse_args(argv)
-  if a.checkpoint and (a.compact or a.cosine is not None):
+  if a.warmup is not None and not a.cosine:
+    ap.error("--warmup is --cosine's warmup; give --cosine with it")
+  if a.checkpoint and (a.compact or a.cosine):
     ap.error(f"{'--compact' if a.compact else '--cosine'} trains a model of its own; it cannot measure a "
              f"--checkpoint")
   from rsi_jax.config import CONFIG_DIR, load_config
@@ -96,13 +99,14 @@ def main(argv=None) -> int:
         CONFIG_DIR / "learn_check.yml").env)
     prompt = harness.prompt_for
   schedule = []
-  if a.cosine is not None:
+  if a.cosine:
+    warmup = 50 if a.warmup is None else a.warmup
     updates = -(-len(train) * a.epochs // a.batch)  # QClean.batches: the passes run on, one short batch at the end
-    if updates <= a.cosine:
-      ap.error(f"--cosine {a.cosine}: the run has {updates} updates, not more than its warmup")
-    schedule = ["actor_optim.schedule=cosine", f"actor_optim.warmup_steps={a.cosine}",
+    if updates <= warmup:
+      ap.error(f"--cosine: the run has {updates} updates, not more than its warmup of {warmup}")
+    schedule = ["actor_optim.schedule=cosine", f"actor_optim.warmup_steps={warmup}",
                 f"actor_optim.decay_steps={updates}"]
-    print(f"learning rate: warmup {a.cosine}, cosine to 1% at update {updates}", flush=True)
+    print(f"learning rate: warmup {warmup}, cosine to 1% at update {updates}", flush=True)
   check = SFTCheck(tok, renderer, train, held["unseen"], seq_len=a.seq_len, batch=a.batch, epochs=a.epochs,
                    max_new_tokens=48, overrides=["actor_optim.weight_decay=0.0", *schedule, *a.overrides],
                    prompt=prompt,

@@ -87,6 +87,9 @@ def test_warmup_then_cosine_against_the_formula():
       want.append(lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * frac))))
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
   assert got[-1] == got[-2] and abs(got[-1] - lr * floor) < 1e-6  # held at the floor after decay_steps
+  no_warmup = _rates(OptimConfig(learning_rate=lr, schedule="cosine", decay_steps=4), 5)  # a decay-only phase
+  np.testing.assert_allclose(no_warmup, [lr * (0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * t / 4)))
+                                         for t in (0, 1, 2, 3, 4)], rtol=1e-4)
   warm_only = _rates(OptimConfig(learning_rate=lr, warmup_steps=warm), 8)
   np.testing.assert_allclose(warm_only, [lr * t / warm for t in range(warm)] + [lr] * 4, rtol=1e-5, atol=1e-7)
 
