@@ -12,6 +12,7 @@ from rsi_jax.env.harness import make_harness
 from rsi_jax.models import ChatRenderer
 from rsi_jax.env.pool import AllEndpointsDown
 from rsi_jax.pipeline.driver import Driver
+from rsi_jax.pipeline.plan import phase_config
 from rsi_jax.rl.batch import load_samples
 
 PAIRS, PROCEDURES = 40, 8
@@ -85,7 +86,16 @@ def test_the_stand_in_base_is_trained_on_the_learning_checks_own_first_turn(toke
   episodes (a Base trained on another prompt would meet the check's prompt for the first time)."""
   base, check = (load_config(CONFIG_DIR / f) for f in ("stand_in_base.yml", "learn_check.yml"))
   assert base.rsr.policy == "corpus" and base.pipeline.phases == ("rsr0", "rsr1") and base.pipeline.sft_epochs == 1
-  assert not base.pipeline.phase_overrides  # both phases on the corpus, each with pairs of its own (its seed)
+  # both phases on the corpus, each with pairs of its own (its seed); only the rate's course differs: warmup and
+  # hold in rsr0, a cosine decay over rsr1's updates, to the update the corpus's pairs give
+  assert set(base.pipeline.phase_overrides) == {"rsr1"} and set(base.pipeline.phase_overrides["rsr1"]) == {
+      "actor_optim"}
+  rsr0, rsr1 = (phase_config(base, ph) for ph in ("rsr0", "rsr1"))
+  assert rsr0.rsr == rsr1.rsr == base.rsr
+  assert (rsr0.actor_optim.schedule, rsr0.actor_optim.warmup_steps) == ("constant", 50)
+  assert rsr1.actor_optim.schedule == "cosine" and rsr1.actor_optim.warmup_steps == 0
+  assert rsr1.actor_optim.decay_steps == -(-base.rsr.corpus_pairs * base.pipeline.sft_epochs
+                                           // base.rollout.global_batch) == 1500
   assert base.rsr.target_harness == check.env.harness == "json"
   prompt = lambda c: make_harness("json", object(), ChatRenderer(tokenizer), env_cfg=c.env).system_prompt()  # noqa: E731
   assert prompt(base) == prompt(check)
