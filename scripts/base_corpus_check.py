@@ -101,7 +101,8 @@ def main(argv=None) -> int:
   schedule = []
   if a.cosine:
     warmup = 50 if a.warmup is None else a.warmup
-    updates = -(-len(train) * a.epochs // a.batch)  # QClean.batches: the passes run on, one short batch at the end
+    from rsi_jax.rsr.funnel import QClean
+    updates = len(QClean([{}] * len(train)).batches(0, a.epochs, a.batch))  # the updates SFTCheck.train makes
     if updates <= warmup:
       ap.error(f"--cosine: the run has {updates} updates, not more than its warmup of {warmup}")
     schedule = ["actor_optim.schedule=cosine", f"actor_optim.warmup_steps={warmup}",
