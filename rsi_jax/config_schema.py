@@ -195,6 +195,10 @@ class RSRConfig:
   # policy corpus: this many two-step procedure episodes too (read a value, act on it, done: base_corpus.PROCEDURES),
   # recorded by the target harness's own loop; they need env.max_turns >= 3
   corpus_procedures: int = 0
+  # policy corpus: this many runbook tasks too (base_corpus.runbook_tasks: shapes, and procedures when
+  # corpus_procedures > 0), each two samples: the planning call (plan_template over the instruction and the
+  # commands' transcript -> a runbook of those commands) and its execution under exec_template's private guidance
+  corpus_runbooks: int = 0
   judge: bool = False  # also ask the actor to review runbooks the rules accept (it can only reject)
   # the accepted runbooks are SFT samples too (planning prompt -> runbook), and so is each accepted execution as it
   # ran, under its private guidance (besides its projection): a warm start's demonstrations of writing and of
@@ -226,6 +230,9 @@ class RSRConfig:
           f"{self.corpus_pairs} with policy {self.policy!r}")
     check(self.corpus_procedures >= 0 and (self.corpus_procedures == 0 or self.policy == "corpus"),
           f"{p}.corpus_procedures", f"must be >= 0, and 0 unless policy is corpus, got {self.corpus_procedures} "
+          f"with policy {self.policy!r}")
+    check(self.corpus_runbooks >= 0 and (self.corpus_runbooks == 0 or self.policy == "corpus"),
+          f"{p}.corpus_runbooks", f"must be >= 0, and 0 unless policy is corpus, got {self.corpus_runbooks} "
           f"with policy {self.policy!r}")
     check(not self.plan_demonstrations or (self.policy == "scripted" and self.num_runbooks > 0),
           f"{p}.plan_demonstrations", "needs policy scripted and num_runbooks > 0 (demonstrations of the runbook "

@@ -18,6 +18,10 @@ pre-trained one in that respect. It is a STAND-IN for pre-training, labelled as 
   copying;
 * :data:`PROCEDURES`, :func:`procedures`, :func:`procedure_episode`: two-step episodes (read a value the
   instruction does not give, act on it, done), recorded by a chat harness's own loop in a :class:`CorpusShell`.
+* :func:`runbook_tasks`: the tasks of the corpus's runbooks: for each, the planning call (I_plan over the
+  instruction and the commands' transcript -> a runbook whose steps are those commands) and the execution
+  that follows it (the harness's turns under the runbook as private guidance), so that the Base writes and
+  follows runbooks as RSR asks of a pre-trained one.
 
 ``rsr.policy: corpus`` trains on this corpus in the training program (``configs/stand_in_base.yml``).
 """
@@ -196,6 +200,27 @@ def procedures(n: int, seed: int, values) -> list[tuple[str, dict[str, str], lis
     read, act = p.read.format(**v), p.act.format(**v)
     out.append((rng.choice(p.phrasings).format(**v), {read: p.output.format(**v)},
                 [read, act]))
+  return out
+
+
+def runbook_tasks(n: int, seed: int, values, *, procedures: bool = False
+                  ) -> list[tuple[str, str, dict[str, str], list[str]]]:
+  """``n`` seeded tasks for the corpus's runbooks (``rsr.corpus_runbooks``; a stream of their own, not the pairs'
+  or the procedures'): the shapes in turn, and with ``procedures`` every other one a procedure in turn, each
+  with a random phrasing and distinct values from ``values``: (shape or procedure name, instruction,
+  {command: output}, commands in order)."""
+  _check_values(values)
+  rng = random.Random(f"base-corpus-runbooks-{seed}")
+  out = []
+  for k in range(n):
+    v = _draw(rng, values)
+    if procedures and k % 2:
+      p = PROCEDURES[(k // 2) % len(PROCEDURES)]
+      read, act = p.read.format(**v), p.act.format(**v)
+      out.append((p.name, rng.choice(p.phrasings).format(**v), {read: p.output.format(**v)}, [read, act]))
+    else:
+      s = SHAPES[(k // 2 if procedures else k) % len(SHAPES)]
+      out.append((s.name, rng.choice(s.phrasings).format(**v), {}, [s.command.format(**v)]))
   return out
 
 

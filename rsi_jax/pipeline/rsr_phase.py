@@ -117,7 +117,7 @@ class RSRPhase(Phase):
 
   def _corpus_label(self) -> str:
     from rsi_jax.rsr.corpus import corpus_label
-    return corpus_label(self.cfg.rsr.corpus_pairs, self.cfg.rsr.corpus_procedures, self._corpus_seed())
+    return corpus_label(self.cfg.rsr, self._corpus_seed())
 
   def funnel_tasks(self) -> list:
     if self.cfg.rsr.policy == "corpus":

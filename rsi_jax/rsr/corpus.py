@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+
 from rsi_jax.policy import FINISH_EOS, SamplingParams
 from rsi_jax.rl.batch import episode_samples
-from rsi_jax.rsr.funnel import FunnelResult, StageCounts, finish_funnel
+from rsi_jax.rsr.funnel import FunnelResult, StageCounts, finish_funnel, planning_prompt, planning_sample
+from rsi_jax.rsr.runbook import Template, load_template, write_runbook
 
 
 CORPUS_LABEL = "the stand-in pre-training corpus (rsi_jax.env.base_corpus; no tasks, no funnel)"
 
 
-def corpus_label(pairs: int, procedures: int, seed: int) -> str:
-  """The manifest's policy for a corpus phase: what it trained on (a stored Q_clean of another corpus is not
-  reused)."""
-  return f"{CORPUS_LABEL}: {pairs} pairs" + (f", {procedures} procedures" if procedures else "") + f", seed {seed}"
+def corpus_label(r, seed: int) -> str:
+  """The manifest's policy for a corpus phase (``r``: its RSR section): what it trained on (a stored Q_clean of
+  another corpus is not reused)."""
+  return (f"{CORPUS_LABEL}: {r.corpus_pairs} pairs" + (f", {r.corpus_procedures} procedures" if r.corpus_procedures
+                                                      else "")
+          + (f", {r.corpus_runbooks} runbooks" if r.corpus_runbooks else "") + f", seed {seed}")
 
 
 def corpus_funnel(cfg, tokenizer, renderer, *, seed: int, workdir: str | None = None,
@@ -23,7 +30,11 @@ def corpus_funnel(cfg, tokenizer, renderer, *, seed: int, workdir: str | None = 
   turn of the target harness (its system prompt, the instruction; the reply: the command in the harness's
   convention), recorded token-in/token-out as a harness records a turn; then ``rsr.corpus_procedures``
   two-step procedures, each recorded by the target harness's own loop in a :class:`~rsi_jax.env.base_corpus.
-  CorpusShell`. Counted as accepted, by shape."""
+  CorpusShell`; then ``rsr.corpus_runbooks`` runbook tasks (:func:`~rsi_jax.env.base_corpus.runbook_tasks`), each
+  two samples: the planning call as the funnel makes it (``rsr.plan_template`` over the instruction and its
+  commands' transcript) with a runbook of those commands as the reply, and the execution under it (the
+  target harness's turns with ``rsr.exec_template``'s private guidance in place of the instruction). Counted
+  as accepted, by shape."""
   from rsi_jax.env import base_corpus
   from rsi_jax.env.harness import ScriptedPolicy, make_harness, single_turn_segment
   r = cfg.rsr
@@ -50,5 +61,49 @@ def corpus_funnel(cfg, tokenizer, renderer, *, seed: int, workdir: str | None = 
     records.append({"kind": "corpus", "shape": name, "harness": r.target_harness, "procedure": k,
                     "turns": len(run.turns)})
     counts.add("accepted", f"corpus:{name}", r.target_harness)
-  return finish_funnel(cfg, [], counts, corpus_label(r.corpus_pairs, r.corpus_procedures, seed), input_digest,
-                       {}, workdir, episodes, records, [], [], [])
+  templates = (load_template(r.plan_template), load_template(r.exec_template)) if r.corpus_runbooks else ()
+  tasks = base_corpus.runbook_tasks(r.corpus_runbooks, seed, seen, procedures=r.corpus_procedures > 0)
+  for k, (name, instruction, outputs, commands) in enumerate(tasks):
+    plan, guided = runbook_samples(cfg, tokenizer, renderer, templates, instruction, outputs, commands)
+    episodes.append([dataclasses.replace(plan, episode=len(episodes))])
+    records.append({"kind": "corpus", "shape": name, "harness": r.target_harness, "runbook": k, "stage": "planning"})
+    episodes.append(episode_samples(guided, len(episodes)))
+    records.append({"kind": "corpus", "shape": name, "harness": r.target_harness, "runbook": k, "stage": "guided"})
+    counts.add("accepted", f"corpus:runbook:{name}", r.target_harness, 2)
+  return finish_funnel(cfg, [], counts, corpus_label(r, seed), input_digest, dict(zip(("plan", "exec"), templates)),
+                       workdir, episodes, records, [], [], [])
+
+
+def runbook_samples(cfg, tokenizer, renderer, templates: tuple[Template, Template], instruction: str,
+                    outputs: dict[str, str], commands: list[str]):
+  """A corpus runbook task's two samples: (the planning call -> the runbook of ``commands`` as one
+  :class:`~rsi_jax.rl.batch.Sample`, the execution under that runbook as the target harness records it: its
+  segments). A single command is the harness's first turn (as a corpus pair is), more are its loop to ``done``
+  in a :class:`~rsi_jax.env.base_corpus.CorpusShell` (as a procedure is)."""
+  from types import SimpleNamespace
+
+  from rsi_jax.env import base_corpus
+  from rsi_jax.env.harness import ScriptedPolicy, make_harness, single_turn_segment
+  from rsi_jax.rsr.control import Step, render_steps
+  r = cfg.rsr
+  plan_t, exec_t = templates  # I_plan, I_exec
+  transcript = render_steps([Step(c, 0, False, outputs.get(c, "")) for c in commands], r.transcript_output_chars)
+  runbook = write_runbook(instruction, commands, "/app").strip()
+  plan = planning_sample(planning_prompt(plan_t, instruction, transcript, renderer), runbook, renderer)
+  written = int(np.asarray(plan.gen_mask).sum())  # the runbook and <|im_end|>, as the planner must write them
+  if written > r.runbook_max_tokens:
+    raise ValueError(f"rsr.corpus_runbooks: a runbook of {written} tokens does not fit rsr.runbook_max_tokens="
+                     f"{r.runbook_max_tokens}: {runbook!r}")
+  params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens)
+  guide = lambda task: exec_t.render(instruction=task.instruction.strip(), runbook=runbook)  # noqa: E731
+  harness = make_harness(r.target_harness, ScriptedPolicy(tokenizer, []), renderer, params, env_cfg=cfg.env,
+                         guidance=guide)
+  if len(commands) > 1:
+    return plan, base_corpus.procedure_episode(harness, tokenizer, instruction, outputs, commands).segments
+  reply = base_corpus.reply(commands[0], r.target_harness)
+  prompt = harness.initial_prompt(SimpleNamespace(instruction=instruction))
+  comp = ScriptedPolicy(tokenizer, [reply]).generate(prompt, params)
+  if comp.finish_reason != FINISH_EOS:
+    raise ValueError(f"rsr.corpus_runbooks: the reply {reply!r} does not fit rollout.max_new_tokens="
+                     f"{cfg.rollout.max_new_tokens}")
+  return plan, [single_turn_segment(prompt, comp)]

@@ -175,9 +175,8 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
 
   def plan_prompt(d: int) -> list[int]:
     t, h, res = discovered[d]
-    prompt = plan_t.render(instruction=t.instruction.strip(),
-                           transcript=strip_control(res.messages(), h, r.transcript_output_chars).strip())
-    return [int(i) for i in renderer.render([{"role": "user", "content": prompt}], add_generation_prompt=True).ids]
+    return planning_prompt(plan_t, t.instruction, strip_control(res.messages(), h, r.transcript_output_chars),
+                           renderer)
 
   def plan(d: int, k: int):
     t, h, _ = discovered[d]
@@ -274,6 +273,13 @@ def run_funnel(cfg, tasks, pool, renderer, policy_for: Callable[[tuple], object]
 
   return finish_funnel(cfg, tasks, counts, label, input_digest, templates, workdir, episodes, records, runbooks,
                        executions, outcomes, progress)
+
+
+def planning_prompt(plan_t, instruction: str, transcript: str, renderer) -> list[int]:
+  """The planning call's prompt ids: I_plan over the public instruction and C(τ) (the harness-neutral text of
+  :func:`rsi_jax.rsr.control.render_steps`), one user message, the generation prompt."""
+  text = plan_t.render(instruction=instruction.strip(), transcript=transcript.strip())
+  return [int(i) for i in renderer.render([{"role": "user", "content": text}], add_generation_prompt=True).ids]
 
 
 def planning_sample(prompt_ids: Sequence[int], runbook: str, renderer) -> Sample:

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import re
 import string
+from collections.abc import Sequence
 from pathlib import Path
 
 from rsi_jax.config import REPO_ROOT
@@ -54,3 +55,12 @@ def parse_runbook(reply: str) -> str:
   text = re.sub(r"<think>.*?</think>", "", reply, flags=re.DOTALL).strip()
   m = re.fullmatch(r"```(?:markdown|md)?\s*\n(.*?)\n```", text, re.DOTALL)
   return (m.group(1) if m else text).strip()
+
+
+def write_runbook(goal: str, commands: Sequence[str], workdir: str) -> str:
+  """A runbook in I_plan's three sections: ``goal``, one step per command in order (a fenced ``bash`` block
+  each), and a check listing ``workdir``. What the scripted planner writes from C(τ) and what the stand-in
+  Base's corpus teaches (``rsr.corpus_runbooks``)."""
+  steps = "\n".join(f"{i + 1}. Run:\n```bash\n{c.strip()}\n```" for i, c in enumerate(commands))
+  return (f"## Goal\n{goal}\n\n## Steps\n{steps}\n\n## Checks\n- `ls -la {workdir}` lists the files the task "
+          f"asks for.\n")

@@ -26,6 +26,7 @@ import numpy as np
 
 from rsi_jax.env.harness import SUMMARY_REQUEST, oracle_commands
 from rsi_jax.policy import FINISH_EOS, Completion, SamplingParams
+from rsi_jax.rsr.runbook import write_runbook
 from rsi_jax.rsr.shellwords import commands, sections
 
 LABEL = "scripted policy (test double: reference solutions, runbooks written from them)"
@@ -80,10 +81,7 @@ class ScriptedRSRPolicy:
         cur.append(line)
     if cur is not None:
       cmds.append("\n".join(cur))
-    steps = "\n".join(f"{i + 1}. Run:\n```bash\n{c.strip()}\n```" for i, c in enumerate(cmds))
-    goal = task.instruction.strip().splitlines()[0]
-    return (f"## Goal\n{goal}\n\n## Steps\n{steps}\n\n## Checks\n- `ls -la {_workdir(task)}` lists the "
-            f"files the task asks for.\n")
+    return write_runbook(task.instruction.strip().splitlines()[0], cmds, _workdir(task))
 
   def generate(self, prompt_ids, params: SamplingParams) -> Completion:
     text = self.reply(self.tok.decode([int(i) for i in prompt_ids]))

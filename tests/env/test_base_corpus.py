@@ -55,6 +55,34 @@ def test_pairs_are_seeded_cover_every_shape_and_copy_the_instruction(pools):
     bc.pairs(1, 0, seen, shapes=())
 
 
+def test_runbook_tasks_are_seeded_a_stream_of_their_own_and_copy_the_instruction(pools):
+  """rsr.corpus_runbooks' tasks: the shapes in turn (with procedures, every other task a procedure in turn), the
+  same for a seed and not the pairs' or the procedures' draws; a shape's one command copies the instruction's
+  values, a procedure's commands are its read and act with the output the read prints."""
+  seen, _ = pools
+  n = 2 * len(bc.SHAPES)
+  ts = bc.runbook_tasks(n, 0, seen)
+  assert ts == bc.runbook_tasks(n, 0, seen) != bc.runbook_tasks(n, 1, seen)
+  assert [name for name, *_ in ts] == [bc.SHAPES[k % len(bc.SHAPES)].name for k in range(n)]
+  assert [(i, c) for _, i, _, (c,) in ts] != bc.pairs(n, 0, seen)  # not the pairs' stream
+  words = set(seen)
+  for name, instruction, outputs, commands in ts:
+    used = [w for w in re.findall(r"[a-z]+", commands[0]) if w in words]
+    assert outputs == {} and len(commands) == 1 and used and all(w in instruction for w in used), (name, commands)
+  mixed = bc.runbook_tasks(4 * len(bc.PROCEDURES), 0, seen, procedures=True)
+  assert [name for name, *_ in mixed[1::2]] == [bc.PROCEDURES[k % len(bc.PROCEDURES)].name
+                                                for k in range(2 * len(bc.PROCEDURES))]
+  assert [name for name, *_ in mixed[::2]] == [bc.SHAPES[k].name for k in range(2 * len(bc.PROCEDURES))]
+  procs = {p.name: p for p in bc.PROCEDURES}
+  for name, instruction, outputs, (read, act) in mixed[1::2]:
+    assert set(outputs) == {read} and read.split()[0] == procs[name].read.split()[0], (name, read)
+    assert all(w in instruction for w in re.findall(r"[a-z]+", read) if w in words), (name, read)
+    assert all(w in instruction + outputs[read] for w in re.findall(r"[a-z]+", act) if w in words), (name, act)
+    assert [w for w in re.findall(r"[a-z]+", act) if w in words and w not in instruction], (name, act)  # needs the read
+  with pytest.raises(ValueError, match="shared with the learning check's tasks"):
+    bc.runbook_tasks(2, 0, seen[:10] + ("alpha",))
+
+
 def test_the_broken_variant_keeps_instructions_and_programs_but_not_the_values(pools):
   seen, _ = pools
   good, broken = bc.pairs(200, 0, seen), bc.pairs(200, 0, seen, broken=True)

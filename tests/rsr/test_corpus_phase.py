@@ -2,6 +2,7 @@
 rendered as the target harness's first turn, trained on by the real training program."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,12 +15,16 @@ from rsi_jax.env.pool import AllEndpointsDown
 from rsi_jax.pipeline.driver import Driver
 from rsi_jax.pipeline.plan import phase_config
 from rsi_jax.rl.batch import load_samples
+from rsi_jax.rsr.control import Step, render_steps
+from rsi_jax.rsr.funnel import planning_prompt
+from rsi_jax.rsr.runbook import load_template, write_runbook
+from rsi_jax.rsr.shellwords import commands as shell_commands, sections
 
-PAIRS, PROCEDURES = 40, 8
+PAIRS, PROCEDURES, RUNBOOKS = 40, 8, 4
 OV = ["run.progress=false", "mesh.ici_fsdp_parallelism=4", "mesh.ici_tensor_parallelism=2",
       "rollout.global_batch=8", "rollout.requested=8", "pipeline.phases=[rsr0]", "pipeline.sft_epochs=1",
       "pipeline.checkpoint_every=2", "eval.tasks_dir=", "rsr.policy=corpus", f"rsr.corpus_pairs={PAIRS}",
-      f"rsr.corpus_procedures={PROCEDURES}", "env.max_turns=3"]
+      f"rsr.corpus_procedures={PROCEDURES}", f"rsr.corpus_runbooks={RUNBOOKS}", "env.max_turns=3"]
 
 
 def test_the_corpus_is_set_only_with_its_policy():
@@ -35,6 +40,9 @@ def test_the_corpus_is_set_only_with_its_policy():
     load_config(CONFIG_DIR / "smoke.yml", ["rsr.corpus_procedures=4"])
   with pytest.raises(ConfigError, match=r"rsr.corpus_procedures: needs env.max_turns >= 3 .* got env.max_turns 1"):
     load_config(CONFIG_DIR / "stand_in_base.yml", ["rsr.corpus_procedures=4"])
+  with pytest.raises(ConfigError, match=r"rsr.corpus_runbooks: must be >= 0, and 0 unless policy is corpus, got 2 "
+                                        r"with policy 'scripted'"):
+    load_config(CONFIG_DIR / "smoke.yml", ["rsr.corpus_runbooks=2"])
 
 
 @pytest.mark.slow
@@ -50,21 +58,25 @@ def test_a_corpus_phase_trains_on_the_corpus_as_the_harness_renders_it(tmp_path,
   records = [json.loads(x) for x in (d / "q_clean.jsonl").read_text().splitlines()]
   lineage = {e["phase"]: e for e in json.loads((tmp_path / "c" / "lineage.json").read_text())}["rsr0"]
   assert manifest["policy"].startswith("the stand-in pre-training corpus")
-  assert f"{PAIRS} pairs, {PROCEDURES} procedures" in manifest["policy"]
-  assert lineage["rsr"]["policy"] == manifest["policy"] and lineage["rsr"]["q_clean"] == PAIRS + PROCEDURES
-  assert manifest["stages"]["accepted"] == PAIRS + PROCEDURES and manifest["stages"]["attempted"] == 0
-  assert manifest["tasks"] == 0
-  assert [r["shape"] for r in records] == ([bc.SHAPES[k % len(bc.SHAPES)].name for k in range(PAIRS)]
-                                           + [bc.PROCEDURES[k % len(bc.PROCEDURES)].name for k in range(PROCEDURES)])
-  assert lineage["steps"] == (PAIRS + PROCEDURES) // cfg.rollout.global_batch
-
-  # each sample is the target harness's first turn: its prompt (system prompt + instruction), the command as reply
+  assert f"{PAIRS} pairs, {PROCEDURES} procedures, {RUNBOOKS} runbooks" in manifest["policy"]
+  total = PAIRS + PROCEDURES + 2 * RUNBOOKS  # a runbook task is two samples: planning, then the guided execution
+  assert lineage["rsr"]["policy"] == manifest["policy"] and lineage["rsr"]["q_clean"] == total
+  assert manifest["stages"]["accepted"] == total and manifest["stages"]["attempted"] == 0
+  assert manifest["tasks"] == 0 and set(manifest["templates"]) == {"plan", "exec"}
   seed = int(manifest["policy"].rsplit("seed ", 1)[1])
   seen, unseen = bc.value_pools(tokenizer)
+  rb_tasks = bc.runbook_tasks(RUNBOOKS, seed, seen, procedures=True)
+  assert [r["shape"] for r in records] == ([bc.SHAPES[k % len(bc.SHAPES)].name for k in range(PAIRS)]
+                                           + [bc.PROCEDURES[k % len(bc.PROCEDURES)].name for k in range(PROCEDURES)]
+                                           + [name for name, *_ in rb_tasks for _ in range(2)])
+  assert [r.get("stage") for r in records[PAIRS + PROCEDURES:]] == ["planning", "guided"] * RUNBOOKS
+  assert lineage["steps"] == total // cfg.rollout.global_batch
+
+  # each sample is the target harness's first turn: its prompt (system prompt + instruction), the command as reply
   want = bc.pairs(PAIRS, seed, seen)
   harness = make_harness("json", object(), ChatRenderer(tokenizer), env_cfg=cfg.env)
   samples = load_samples(d / "q_clean.npz")
-  assert len(samples) == PAIRS + PROCEDURES
+  assert len(samples) == total
   for (instruction, command), (s,) in zip(want, samples[:PAIRS]):
     gen = np.asarray(s.gen_mask) > 0
     prompt = harness.prompt_for(instruction)
@@ -72,13 +84,38 @@ def test_a_corpus_phase_trains_on_the_corpus_as_the_harness_renders_it(tmp_path,
     assert tokenizer.decode(list(s.ids[gen])) == bc.reply(command) + "<|im_end|>"
   assert not {w for _, c in want for w in c.replace("/", " ").split()} & set(unseen)
   # the procedures: the harness's own loop (prompt, reply, observation, reply, ..., done)
-  for (instruction, outputs, commands), (s,) in zip(bc.procedures(PROCEDURES, seed, seen), samples[PAIRS:]):
+  for (instruction, outputs, commands), (s,) in zip(bc.procedures(PROCEDURES, seed, seen),
+                                                    samples[PAIRS:PAIRS + PROCEDURES]):
     prompt = harness.prompt_for(instruction)
     assert list(s.ids[:len(prompt)]) == prompt
     text = tokenizer.decode(list(s.ids[len(prompt):]))
     assert json.dumps(outputs[commands[0]])[1:-1] in text  # the first command's output, as its observation
     assert tokenizer.decode(list(s.ids[np.asarray(s.gen_mask) > 0])) == "<|im_end|>".join(
         [bc.reply(c) for c in commands] + [bc.done_reply()]) + "<|im_end|>"
+  # the runbook tasks: the planning call as the funnel makes it (I_plan over the instruction and the commands with
+  # their exit status and output) -> a runbook whose steps are those commands, as the scripted planner writes
+  # one; then the execution with that runbook as private guidance (I_exec) in place of the instruction
+  renderer = ChatRenderer(tokenizer)
+  plan_t, exec_t = load_template(cfg.rsr.plan_template), load_template(cfg.rsr.exec_template)
+  for (name, instruction, outputs, commands), (plan,), (guided,) in zip(
+      rb_tasks, samples[PAIRS + PROCEDURES::2], samples[PAIRS + PROCEDURES + 1::2]):
+    text = tokenizer.decode(list(plan.ids))
+    assert text.startswith("<|im_start|>user\nYou write runbooks") and instruction in text
+    for c in commands:
+      assert f"$ {c}\n[exit 0]\n" + outputs.get(c, "") in text, (name, c)
+    gen = np.asarray(plan.gen_mask) > 0
+    runbook = tokenizer.decode(list(plan.ids[gen])).removesuffix("<|im_end|>")
+    assert runbook == write_runbook(instruction, commands, "/app").strip()
+    assert list(plan.ids[~gen]) == planning_prompt(plan_t, instruction, render_steps(
+        [Step(c, 0, False, outputs.get(c, "")) for c in commands]), renderer)
+    assert [c for c in shell_commands(sections(runbook)["Steps"])] == commands  # what a follower reads as its steps
+    guide = make_harness("json", object(), renderer, env_cfg=cfg.env,
+                         guidance=lambda t: exec_t.render(instruction=t.instruction, runbook=runbook))
+    prompt = guide.initial_prompt(SimpleNamespace(instruction=instruction))
+    assert list(guided.ids[:len(prompt)]) == prompt and "Private guidance:" in tokenizer.decode(prompt)
+    replies = [bc.reply(c) for c in commands] + ([bc.done_reply()] if len(commands) > 1 else [])
+    assert tokenizer.decode(list(guided.ids[np.asarray(guided.gen_mask) > 0])) == "<|im_end|>".join(
+        replies) + "<|im_end|>"
 
 
 def test_the_stand_in_base_is_trained_on_the_learning_checks_own_first_turn(tokenizer):
