@@ -7,12 +7,16 @@ end, exact match on unseen values by shape (where copying fails).
 Usage: .venv/bin/python scripts/base_corpus_check.py [--pairs 6000] [--batch 16] [--epochs 1] [--every 75]
        [--eval 68] [--by-shape 10] [--prompt bare|harness] [--broken] [--compact]
        [--shapes NAME,NAME,...] [--seq-len T] [--cosine [--warmup N]]
-       [--checkpoint DIR] [key=value ...]
+       [--checkpoint DIR [--runbooks N]] [key=value ...]
        (key=value: config overrides, e.g. model.base_emb_dim=128)
 
 ``--prompt harness``: every pair as the learning check's json-harness first turn (its system prompt), as the
 training program's corpus phase (``rsr.policy: corpus``, configs/stand_in_base.yml) trains on it.
-``--checkpoint DIR``: measure a Base that program made, instead of training one here.
+``--checkpoint DIR``: measure a Base that program made, instead of training one here. ``--runbooks N``: also the
+runbook format (``rsr.corpus_runbooks``) on N runbook tasks over unseen values (always under the harness prompt,
+as the funnel asks): greedy exact match of the runbook written from the planning call (I_plan over the instruction
+and the commands' transcript) against the runbook of those commands, and of the first reply when the task's own
+runbook is the private guidance (I_exec) against its first command.
 
 ``--compact``: the model's vocabulary is only the ids the pairs use, training and evaluated
 (tests/rl/test_sft_learning.py's ``CompactVocab``): the output layer, nearly all of an update's cost at the real
@@ -32,6 +36,8 @@ import argparse
 import collections
 import sys
 import time
+
+import numpy as np
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -64,17 +70,21 @@ def main(argv=None) -> int:
                   help="warm the learning rate up over --warmup updates, then decay it on a cosine to 1%% at the "
                        "last update")
   ap.add_argument("--warmup", type=int, metavar="N", help="--cosine's warmup in updates (default 50)")
+  ap.add_argument("--runbooks", type=int, default=0, metavar="N",
+                  help="with --checkpoint: also measure writing and following runbooks on N unseen-value tasks")
   ap.add_argument("overrides", nargs="*")
   a = ap.parse_args(argv)
   if a.warmup is not None and not a.cosine:
     ap.error("--warmup is --cosine's warmup; give --cosine with it")
+  if a.runbooks and not a.checkpoint:
+    ap.error("--runbooks measures a --checkpoint (a Base the training program made)")
   if a.checkpoint and (a.compact or a.cosine):
     ap.error(f"{'--compact' if a.compact else '--cosine'} trains a model of its own; it cannot measure a "
              f"--checkpoint")
   from rsi_jax.config import CONFIG_DIR, load_config
   from rsi_jax.env import base_corpus as bc
   from rsi_jax.models import ChatRenderer, load_tokenizer
-  from tests.rl.test_sft_learning import SFTCheck
+  from tests.rl.test_sft_learning import SFTCheck, prompt_ids
 
   tok = load_tokenizer()
   seen, unseen = bc.value_pools(tok)
@@ -98,6 +108,25 @@ def main(argv=None) -> int:
     harness = make_harness("json", ScriptedPolicy(tok, []), renderer, env_cfg=load_config(
         CONFIG_DIR / "learn_check.yml").env)
     prompt = harness.prompt_for
+  runbooks, max_new = {}, 48
+  if a.runbooks:  # the planning and guided prompts exactly as the corpus phase makes them (keyed: SFTCheck's
+    # prompt function maps a pair's first element to its ids)
+    from rsi_jax.rsr.corpus import runbook_samples
+    from rsi_jax.rsr.runbook import load_template
+    cfg = load_config(CONFIG_DIR / "learn_check.yml")
+    templates = (load_template(cfg.rsr.plan_template), load_template(cfg.rsr.exec_template))
+    keyed, runbooks = {}, {"written": [], "followed": []}
+    for k, (_, instruction, outputs, commands) in enumerate(bc.runbook_tasks(a.runbooks, 5, unseen)):
+      plan, (guided, *_) = runbook_samples(cfg, tok, renderer, templates, instruction, outputs, commands)
+      gen = np.asarray(plan.gen_mask) > 0
+      keyed[f"written {k}"] = [int(i) for i in plan.ids[~gen]]
+      runbooks["written"].append((f"written {k}", tok.decode([int(i) for i in plan.ids[gen]][:-1])))
+      first = int(np.argmax(np.asarray(guided.gen_mask) > 0))
+      keyed[f"followed {k}"] = [int(i) for i in guided.ids[:first]]
+      runbooks["followed"].append((f"followed {k}", bc.reply(commands[0])))
+    max_new = max(48, max(len(tok.encode(r)) for _, r in runbooks["written"]) + 16)
+    plain = prompt or (lambda text: prompt_ids(renderer, text))
+    prompt = lambda key: keyed[key] if key in keyed else plain(key)  # noqa: E731
   schedule = []
   if a.cosine:
     warmup = 50 if a.warmup is None else a.warmup
@@ -109,9 +138,10 @@ def main(argv=None) -> int:
                 f"actor_optim.decay_steps={updates}"]
     print(f"learning rate: warmup {warmup}, cosine to 1% at update {updates}", flush=True)
   check = SFTCheck(tok, renderer, train, held["unseen"], seq_len=a.seq_len, batch=a.batch, epochs=a.epochs,
-                   max_new_tokens=48, overrides=["actor_optim.weight_decay=0.0", *schedule, *a.overrides],
+                   max_new_tokens=max_new, overrides=["actor_optim.weight_decay=0.0", *schedule, *a.overrides],
                    prompt=prompt,
-                   compact=a.compact, compact_also=[*held["seen, new pairs"], *probe])
+                   compact=a.compact, compact_also=[*held["seen, new pairs"], *probe,
+                                                    *[p for v in runbooks.values() for p in v]])
   print(f"rows of {check.seq_len} tokens", flush=True)
   if check.vocab:
     print(f"compact vocabulary: {check.vocab.size} ids (of {tok.vocab_size})", flush=True)
@@ -134,6 +164,11 @@ def main(argv=None) -> int:
       params = restore_params(resolve_checkpoint(a.checkpoint), actor=check.actor.abstract_params)["actor"]
       scores = {k: check.exact_match(params, v)[0] for k, v in held.items()}
       print(f"{a.checkpoint}: " + "; ".join(f"{k} {em:.3f}" for k, em in scores.items()), flush=True)
+      for kind, pairs in runbooks.items():
+        em, texts = check.exact_match(params, pairs)
+        print(f"runbooks {kind} ({len(pairs)} tasks over unseen values): {em:.3f}", flush=True)
+        for (_, want), got in [(p, t) for p, t in zip(pairs, texts) if p[1] != t][:1]:
+          print(f"  want {want!r}\n  got  {got!r}", flush=True)
     else:
       params, _ = check.train(after_update=report)
     if a.by_shape:  # where copying fails: unseen values, by shape (pairs take the shapes in turn)

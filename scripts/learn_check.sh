@@ -26,10 +26,13 @@ label="init (random)"
 if [ "$stand_in" = 1 ]; then
   name="learn_check_stand_in_s$seed"
   hf=runs/stand_in_base/hf
-  if [ ! -f "$hf/config.json" ]; then
-    # once for every seed (a pre-trained base is one model); rerunning resumes an interrupted training
-    "$py" -m rsi_jax.train --config=configs/stand_in_base.yml
-    "$py" -m rsi_jax.models.export --checkpoint=runs/stand_in_base/checkpoints/rsr1 --out="$hf"
+  # trained once for every seed (a pre-trained base is one model): a finished training is "done earlier" at once,
+  # an interrupted one resumes; exported again only when its final checkpoint is not the one hf/SOURCE names
+  "$py" -m rsi_jax.train --config=configs/stand_in_base.yml
+  final=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))[-1]["output"])' runs/stand_in_base/lineage.json)
+  if [ ! -f "$hf/config.json" ] || [ "$(cat "$hf/SOURCE" 2>/dev/null)" != "$final" ]; then
+    "$py" -m rsi_jax.models.export --checkpoint="runs/stand_in_base/$final" --out="$hf"
+    echo "$final" > "$hf/SOURCE"
   fi
   # unpacked rows, as configs/stand_in_base.yml (at 8 layers, packed rows of 2,048 tokens cost 4x per update)
   base_args=(model_name=qwen3-tiny-8x128 "model.hf_path=$hf" "pipeline.phases=[rsr1, critic_seed, rpr1]"

@@ -188,7 +188,8 @@ def test_the_copy_check_script_trains_a_compact_model_on_some_shapes_and_reports
   assert bad.returncode == 2 and "--shapes: no shape nope (shapes: echo-new," in bad.stderr, bad.stderr
   for args, says in ((["--pairs", "16", "--batch", "8", "--cosine"], "--cosine: the run has 2 updates, not more "
                       "than its warmup of 50"), (["--cosine", "--checkpoint", "x"], "--cosine trains a model of its own"),
-                     (["--warmup", "5"], "--warmup is --cosine's warmup")):
+                     (["--warmup", "5"], "--warmup is --cosine's warmup"),
+                     (["--runbooks", "4"], "--runbooks measures a --checkpoint")):
     bad = subprocess.run([*script, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and says in bad.stderr, bad.stderr
 

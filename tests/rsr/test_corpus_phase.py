@@ -116,23 +116,42 @@ def test_a_corpus_phase_trains_on_the_corpus_as_the_harness_renders_it(tmp_path,
     replies = [bc.reply(c) for c in commands] + ([bc.done_reply()] if len(commands) > 1 else [])
     assert tokenizer.decode(list(guided.ids[np.asarray(guided.gen_mask) > 0])) == "<|im_end|>".join(
         replies) + "<|im_end|>"
+  # scripts/base_corpus_check.py measures this phase's checkpoint, runbooks too: exact match of each measure
+  # (values in [0, 1]; the tiny smoke model trained for a few updates is not expected to score)
+  import os
+  import re
+  import subprocess
+  import sys
+  from rsi_jax.config import REPO_ROOT
+  p = subprocess.run([sys.executable, "scripts/base_corpus_check.py", "--prompt", "harness", "--eval", "2",
+                      "--by-shape", "0", "--runbooks", "3", f"--checkpoint={tmp_path}/c/checkpoints/rsr0",
+                      "model_name=qwen3-tiny"], cwd=REPO_ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                     capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stderr[-3000:]
+  for kind in ("written", "followed"):
+    assert re.search(rf"^runbooks {kind} \(3 tasks over unseen values\): [01]\.\d{{3}}$", p.stdout, re.M), p.stdout
 
 
 def test_the_stand_in_base_is_trained_on_the_learning_checks_own_first_turn(tokenizer):
   """configs/stand_in_base.yml renders the corpus with the same system prompt as configs/learn_check.yml's
   episodes (a Base trained on another prompt would meet the check's prompt for the first time)."""
   base, check = (load_config(CONFIG_DIR / f) for f in ("stand_in_base.yml", "learn_check.yml"))
-  assert base.rsr.policy == "corpus" and base.pipeline.phases == ("rsr0", "rsr1") and base.pipeline.sft_epochs == 1
-  # both phases on the corpus, each with pairs of its own (its seed); only the rate's course differs: warmup and
-  # hold in rsr0, a cosine decay over rsr1's updates, to the update the corpus's pairs give
-  assert set(base.pipeline.phase_overrides) == {"rsr1"} and set(base.pipeline.phase_overrides["rsr1"]) == {
-      "actor_optim"}
-  rsr0, rsr1 = (phase_config(base, ph) for ph in ("rsr0", "rsr1"))
-  assert rsr0.rsr == rsr1.rsr == base.rsr
+  assert base.rsr.policy == "corpus" and base.pipeline.phases == ("rsr0", "rsr1", "rsr2")
+  assert base.pipeline.sft_epochs == 1
+  # every phase on the corpus, each with pairs of its own (its seed); rsr0 and rsr1 differ only in the rate's
+  # course: warmup and hold in rsr0, a cosine decay over rsr1's updates, to the update the corpus's pairs give;
+  # rsr2 adds the runbook format (runbook tasks among fewer pairs), warmed up and decayed over its own updates
+  assert set(base.pipeline.phase_overrides) == {"rsr1", "rsr2"}
+  assert set(base.pipeline.phase_overrides["rsr1"]) == {"actor_optim"}
+  rsr0, rsr1, rsr2 = (phase_config(base, ph) for ph in ("rsr0", "rsr1", "rsr2"))
+  assert rsr0.rsr == rsr1.rsr == base.rsr and base.rsr.corpus_runbooks == 0
   assert (rsr0.actor_optim.schedule, rsr0.actor_optim.warmup_steps) == ("constant", 50)
   assert rsr1.actor_optim.schedule == "cosine" and rsr1.actor_optim.warmup_steps == 0
-  assert rsr1.actor_optim.decay_steps == -(-base.rsr.corpus_pairs * base.pipeline.sft_epochs
-                                           // base.rollout.global_batch) == 1500
+  updates = lambda r: -(-(r.corpus_pairs + 2 * r.corpus_runbooks) * base.pipeline.sft_epochs  # noqa: E731
+                        // base.rollout.global_batch)
+  assert rsr1.actor_optim.decay_steps == updates(base.rsr) == 1500
+  assert rsr2.rsr.corpus_runbooks > 0 and rsr2.actor_optim.schedule == "cosine"
+  assert rsr2.actor_optim.decay_steps == updates(rsr2.rsr) == 375
   assert base.rsr.target_harness == check.env.harness == "json"
   prompt = lambda c: make_harness("json", object(), ChatRenderer(tokenizer), env_cfg=c.env).system_prompt()  # noqa: E731
   assert prompt(base) == prompt(check)
