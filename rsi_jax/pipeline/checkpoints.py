@@ -19,7 +19,9 @@ backend is installed.
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Sequence
 
 import jax
 import orbax.checkpoint as ocp
@@ -123,3 +125,17 @@ def opt_targets(model, optimizer):
   shapes = jax.eval_shape(optimizer.init, model.abstract_params)
   shardings = opt_state_shardings(optimizer, model.abstract_params, model.param_shardings, model.mesh)
   return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
+
+
+def optimizer_change_hint(changes: Sequence[str], skipped: Sequence[tuple[int, str]]) -> str:
+  """Why every step of a phase was refused (``skipped``: (step, reason) each), when the cause is the config and
+  not the checkpoints: each refusal concerns an optimizer state and run.allow_config_change let the optimizer's
+  settings change (``changes``: the driver's ``key: old -> new``; a schedule, a warmup or clipping gives the state
+  another form, which no checkpoint of the phase has). "" otherwise."""
+  changed = [c for c in changes if "_optim." in c.split(":", 1)[0]]
+  if not (changed and skipped and all(re.search(r"item '(actor|critic)_opt'", why) for _, why in skipped)):
+    return ""
+  return (f". The cause is the config, not the checkpoints: run.allow_config_change let the optimizer settings "
+          f"change ({'; '.join(changed)}), which gives the optimizer state another form than the one this phase's "
+          f"checkpoints hold; resume the phase with its own optimizer settings (they may change at a phase "
+          f"boundary), or set its checkpoints aside to redo it from its start")

@@ -256,7 +256,7 @@ class Driver:
   # ------------------------------------------------------------------------------------------ phases
 
   def _run_phase(self, ctx, plan, index, spec, prev, mem, stop):
-    from rsi_jax.pipeline.checkpoints import PhaseCheckpoints, opt_targets
+    from rsi_jax.pipeline.checkpoints import PhaseCheckpoints, opt_targets, optimizer_change_hint
 
     t0 = time.time()
     cfg = spec.cfg
@@ -272,7 +272,7 @@ class Driver:
       latest, trees, meta, skipped = ckpts.restore_newest_intact(targets)
       if latest is None:
         raise PreflightError(f"{spec.name}: no intact checkpoint in {ckpts.directory}: "
-                             + "; ".join(f"step {m}: {why}" for m, why in skipped))
+                             + "; ".join(f"step {m}: {why}" for m, why in skipped) + optimizer_change_hint(self._config_changes, skipped))
       for m, why in skipped:  # set aside (renamed, not deleted): the phase redoes those steps
         self.console.line(f"[{spec.name}] step {m} was refused ({why}); kept as {ckpts.set_aside(m)}")
     if latest is not None:

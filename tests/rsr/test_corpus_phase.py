@@ -166,3 +166,26 @@ def test_a_plan_that_runs_episodes_still_needs_docker(tmp_path):
         f"env.docker_hosts=[unix://{tmp_path}/no-docker.sock]"]
   with pytest.raises(AllEndpointsDown, match="no Docker endpoint answers"):
     Driver(load_config(CONFIG_DIR / "smoke.yml", ov), ov).run()
+
+
+@pytest.mark.slow
+def test_resuming_with_another_optimizer_form_names_the_config_as_the_cause(tmp_path):
+  """A phase resumed under run.allow_config_change with a warmup it did not have (the optimizer state then holds a
+  schedule's count, which none of the phase's checkpoints hold): every step is refused as before, nothing is
+  changed, and the error says that the optimizer settings' change is the cause, naming it. The phase is made
+  unfinished as a kill would leave it: its checkpoints kept, its lineage entry not yet written."""
+  from rsi_jax.pipeline.plan import PreflightError
+  ov = [f"run.output_dir={tmp_path}", "run.name=o", *[o for o in OV if not o.startswith(("rsr.corpus_", "env.max_turns"))],
+        "rsr.corpus_pairs=16",
+        "env.docker_hosts=[unix:///nonexistent.sock]"]
+  Driver(load_config(CONFIG_DIR / "smoke.yml", ov), ov).run()
+  run = tmp_path / "o"
+  (run / "lineage.json").write_text("[]")
+  steps = sorted(p.name for p in (run / "checkpoints" / "rsr0").iterdir())
+  ov2 = [*ov, "actor_optim.warmup_steps=2", "run.allow_config_change=true"]
+  with pytest.raises(PreflightError) as e:
+    Driver(load_config(CONFIG_DIR / "smoke.yml", ov2), ov2).run()
+  msg = str(e.value)
+  assert msg.startswith("rsr0: no intact checkpoint in ") and "item 'actor_opt'" in msg, msg
+  assert "The cause is the config, not the checkpoints" in msg and "actor_optim.warmup_steps: 0 -> 2" in msg, msg
+  assert sorted(p.name for p in (run / "checkpoints" / "rsr0").iterdir()) == steps  # nothing set aside
