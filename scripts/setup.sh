@@ -38,7 +38,10 @@ fi
 "$venv/bin/python" -m pip install -q --upgrade pip >&2
 echo "[setup] installing requirements.lock (pinned) ..." >&2
 "$venv/bin/python" -m pip install -q -r requirements.lock >&2
-"$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >&2
+# setuptools warns on every editable install that a folder named like the package may shadow it (a box of text,
+# not a fault: the repository root is that folder by design); that one message is silenced, nothing else
+PYTHONWARNINGS="ignore:Editable installation" "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation \
+  -e . >&2
 echo "[setup] installing requirements-tpu.lock into .venv/libtpu (the compile plan's TPU compiler) ..." >&2
 rm -rf "$venv/libtpu"
 "$venv/bin/python" -m pip install -q --no-deps --target "$venv/libtpu" -r requirements-tpu.lock >&2
