@@ -123,6 +123,9 @@ flags.DEFINE_string("config", "", "The run's config (default: config.yml above t
 
 
 def main(argv=None) -> int:
+  # transformers (imported for Qwen3Config and by MaxText) prints its notices on import: "PyTorch was not found"
+  # (torch is not needed here) and other models' config warnings; errors still show
+  os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
   overrides = cli.parse(FLAGS, argv, PROG, __doc__)
   from rsi_jax.config import ConfigError, load_config
   try:

@@ -83,3 +83,14 @@ def test_command_line_exports_a_run_checkpoint(tmp_path):
   got = got["params"]
   same = jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), got, params)
   assert jax.tree.leaves(same) and all(jax.tree.leaves(same))
+  # as a command (its own process): the same folder, and its console is its own line, without the notices
+  # transformers prints on import ("PyTorch was not found", other models' config warnings)
+  import subprocess
+  import sys
+  p = subprocess.run([sys.executable, "-m", "rsi_jax.models.export", f"--checkpoint={run / 'checkpoints' / 'rpr1'}",
+                      f"--out={tmp_path / 'hf2'}"], env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                     text=True, timeout=600)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert p.stdout.startswith(f"wrote {tmp_path / 'hf2'}: 2 files"), p.stdout
+  assert "[transformers]" not in p.stdout + p.stderr, p.stderr
+  _same_folder(tmp_path / "hf2", "hf_qwen3_untied")
