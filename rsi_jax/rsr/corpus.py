@@ -36,7 +36,7 @@ def corpus_funnel(cfg, tokenizer, renderer, *, seed: int, workdir: str | None = 
   target harness's turns with ``rsr.exec_template``'s private guidance in place of the instruction). Counted
   as accepted, by shape."""
   from rsi_jax.env import base_corpus
-  from rsi_jax.env.harness import ScriptedPolicy, make_harness, single_turn_segment
+  from rsi_jax.env.harness import ScriptedPolicy, make_harness
   r = cfg.rsr
   seen, _ = base_corpus.value_pools(tokenizer)
   counts, episodes, records = StageCounts(), [], []
@@ -45,13 +45,9 @@ def corpus_funnel(cfg, tokenizer, renderer, *, seed: int, workdir: str | None = 
   harness = make_harness(r.target_harness, ScriptedPolicy(tokenizer, []), renderer, params, env_cfg=cfg.env)
   for k, (instruction, command) in enumerate(base_corpus.pairs(r.corpus_pairs, seed, seen)):
     shape = base_corpus.SHAPES[k % len(base_corpus.SHAPES)].name
-    reply = base_corpus.reply(command, r.target_harness)
-    prompt = harness.prompt_for(instruction)
-    comp = ScriptedPolicy(tokenizer, [reply]).generate(prompt, params)
-    if comp.finish_reason != FINISH_EOS:
-      raise ValueError(f"rsr.corpus_pairs: the reply of corpus pair {k} ({shape}) does not fit "
-                       f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}: {reply!r}")
-    episodes.append(episode_samples([single_turn_segment(prompt, comp)], k))
+    segment = first_turn(tokenizer, harness.prompt_for(instruction), base_corpus.reply(command, r.target_harness),
+                         params, f"rsr.corpus_pairs: the reply of corpus pair {k} ({shape})")
+    episodes.append(episode_samples([segment], k))
     records.append({"kind": "corpus", "shape": shape, "harness": r.target_harness, "pair": k})
     counts.add("accepted", f"corpus:{shape}", r.target_harness)
   for k, (instruction, outputs, commands) in enumerate(base_corpus.procedures(r.corpus_procedures, seed, seen)):
@@ -83,7 +79,7 @@ def runbook_samples(cfg, tokenizer, renderer, templates: tuple[Template, Templat
   from types import SimpleNamespace
 
   from rsi_jax.env import base_corpus
-  from rsi_jax.env.harness import ScriptedPolicy, make_harness, single_turn_segment
+  from rsi_jax.env.harness import ScriptedPolicy, make_harness
   from rsi_jax.rsr.control import Step, render_steps
   r = cfg.rsr
   plan_t, exec_t = templates  # I_plan, I_exec
@@ -100,10 +96,16 @@ def runbook_samples(cfg, tokenizer, renderer, templates: tuple[Template, Templat
                          guidance=guide)
   if len(commands) > 1:
     return plan, base_corpus.procedure_episode(harness, tokenizer, instruction, outputs, commands).segments
-  reply = base_corpus.reply(commands[0], r.target_harness)
-  prompt = harness.initial_prompt(SimpleNamespace(instruction=instruction))
+  return plan, [first_turn(tokenizer, harness.initial_prompt(SimpleNamespace(instruction=instruction)),
+                           base_corpus.reply(commands[0], r.target_harness), params,
+                           "rsr.corpus_runbooks: the guided reply")]
+
+
+def first_turn(tokenizer, prompt: list[int], reply: str, params: SamplingParams, what: str):
+  """The segment of one scripted turn, ``prompt`` answered by ``reply``, recorded token-in/token-out as a harness
+  records a turn; ``what`` names the reply in the error when it does not fit ``params.max_new_tokens``."""
+  from rsi_jax.env.harness import ScriptedPolicy, single_turn_segment
   comp = ScriptedPolicy(tokenizer, [reply]).generate(prompt, params)
   if comp.finish_reason != FINISH_EOS:
-    raise ValueError(f"rsr.corpus_runbooks: the reply {reply!r} does not fit rollout.max_new_tokens="
-                     f"{cfg.rollout.max_new_tokens}")
-  return plan, [single_turn_segment(prompt, comp)]
+    raise ValueError(f"{what} does not fit rollout.max_new_tokens={params.max_new_tokens}: {reply!r}")
+  return single_turn_segment(prompt, comp)
