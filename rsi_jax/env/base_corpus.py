@@ -8,7 +8,9 @@ each template's program but copies the instruction's parameters only partly (the
 pre-trained one in that respect. It is a STAND-IN for pre-training, labelled as such wherever it is used.
 
 * :data:`SHAPES`: many programs and argument shapes (files, directories, words, numbers; one to three values;
-  single commands and two-step ``&&`` / ``|`` procedures), each with two phrasings of its instruction;
+  single commands and two-step ``&&`` / ``|`` procedures), each with three or four phrasings of its instruction
+  (different verbs and sentence frames), and every draw a :func:`variant`: its first path a folder deeper, its
+  files another extension, so that a program is tied to its words, not to one sentence, folder or extension;
 * :func:`value_pools`: the values the corpus draws from (thousands of words), and values kept out of it, on
   which copying is measured. Neither shares a value with the learning check's tasks (the names and words of
   :mod:`rsi_jax.env.learn_tasks`), so no corpus pair is one of the check's train, held-out or base task
@@ -37,6 +39,10 @@ import re
 from rsi_jax.env import learn_tasks
 
 NUMBERS = tuple(range(2, 40))
+# a variant's folder for its first value's path (/app/{d}/{a}) and its files' extension (:func:`variant`)
+DIRS = ("data", "src", "logs", "input", "files", "docs", "work", "share")
+EXTS = ("txt", "md", "log", "csv")
+EXTENSION = re.compile(r"\.(?:txt|md|log|csv)\b")
 # the learning check's own vocabulary, which no corpus value may be
 CHECK_VALUES = frozenset(learn_tasks.NAMES) | frozenset(learn_tasks.WORDS) | frozenset(learn_tasks.LOG_WORDS)
 
@@ -68,75 +74,129 @@ class Shape:
 
 SHAPES = (
     Shape("echo-new", ("Put the single word {w} in the file /app/{a}.txt",
-                       "Write {w} to /app/{a}.txt, replacing what it holds"), "echo {w} > /app/{a}.txt"),
-    Shape("echo-append", ("Add a line {w} at the end of /app/{a}.log", "Append the word {w} to /app/{a}.log"),
+                       "Write {w} to /app/{a}.txt, replacing what it holds",
+                 "Create /app/{a}.txt with the single line {w}",
+                 "The file /app/{a}.txt should hold exactly one line: {w}"), "echo {w} > /app/{a}.txt"),
+    Shape("echo-append", ("Add a line {w} at the end of /app/{a}.log", "Append the word {w} to /app/{a}.log",
+                 "Write {w} as a new last line of /app/{a}.log",
+                 "Add one more line, holding the word {w}, to /app/{a}.log"),
           "echo {w} >> /app/{a}.log"),
     Shape("printf-two", ("Write two lines, {w} then {v}, to /app/{a}.txt",
-                         "Make /app/{a}.txt hold the lines {w} and {v}"), "printf '%s\\n' {w} {v} > /app/{a}.txt"),
-    Shape("cp", ("Duplicate /app/{a}.csv as /app/{b}.csv", "Make a copy of /app/{a}.csv named /app/{b}.csv"),
+                         "Make /app/{a}.txt hold the lines {w} and {v}",
+                 "Create /app/{a}.txt with exactly two lines: {w} and then {v}"),
+          "printf '%s\\n' {w} {v} > /app/{a}.txt"),
+    Shape("cp", ("Duplicate /app/{a}.csv as /app/{b}.csv", "Make a copy of /app/{a}.csv named /app/{b}.csv",
+                 "Copy the file /app/{a}.csv to /app/{b}.csv",
+                 "Create /app/{b}.csv as an exact copy of /app/{a}.csv"),
           "cp /app/{a}.csv /app/{b}.csv"),
     Shape("cp-dir", ("Copy the folder /app/{a} with everything in it to /app/{b}",
-                     "Recursively copy /app/{a} to /app/{b}"), "cp -r /app/{a} /app/{b}"),
-    Shape("mv", ("Rename /app/{a}.txt to /app/{b}.txt", "Move the file /app/{a}.txt to /app/{b}.txt"),
+                     "Recursively copy /app/{a} to /app/{b}",
+                 "Copy the directory /app/{a} and all of its contents to /app/{b}"), "cp -r /app/{a} /app/{b}"),
+    Shape("mv", ("Rename /app/{a}.txt to /app/{b}.txt", "Move the file /app/{a}.txt to /app/{b}.txt",
+                 "Change the name of the file /app/{a}.txt to /app/{b}.txt"),
           "mv /app/{a}.txt /app/{b}.txt"),
-    Shape("rm", ("Delete the file /app/{a}.tmp", "Remove /app/{a}.tmp"), "rm -f /app/{a}.tmp"),
-    Shape("touch", ("Create an empty file /app/{a}.md", "Make a new empty file called /app/{a}.md"),
+    Shape("rm", ("Delete the file /app/{a}.tmp", "Remove /app/{a}.tmp",
+                 "Get rid of the file /app/{a}.tmp"), "rm -f /app/{a}.tmp"),
+    Shape("touch", ("Create an empty file /app/{a}.md", "Make a new empty file called /app/{a}.md",
+                 "Create the file /app/{a}.md, leaving it empty"),
           "touch /app/{a}.md"),
-    Shape("mkdir", ("Make the nested folder /app/{b}/{a}", "Create the folder /app/{b}/{a}"),
+    Shape("mkdir", ("Make the nested folder /app/{b}/{a}", "Create the folder /app/{b}/{a}",
+                 "Create the directory /app/{b}/{a}",
+                 "Make a new directory at /app/{b}/{a}, with its parent"),
           "mkdir -p /app/{b}/{a}"),
-    Shape("mkdir-two", ("Create the folders /app/{a} and /app/{b}", "Make two directories, /app/{a} and /app/{b}"),
+    Shape("mkdir-two", ("Create the folders /app/{a} and /app/{b}", "Make two directories, /app/{a} and /app/{b}",
+                 "Create two directories: /app/{a} and /app/{b}"),
           "mkdir -p /app/{a} /app/{b}"),
-    Shape("ls", ("List what is in the folder /app/{a}", "Show the files in /app/{a}"), "ls /app/{a}"),
-    Shape("cat", ("Print the file /app/{a}.txt", "Show the contents of /app/{a}.txt"), "cat /app/{a}.txt"),
+    Shape("ls", ("List what is in the folder /app/{a}", "Show the files in /app/{a}",
+                 "Which files does the directory /app/{a} hold? List them"), "ls /app/{a}"),
+    Shape("cat", ("Print the file /app/{a}.txt", "Show the contents of /app/{a}.txt",
+                 "Print the contents of the file /app/{a}.txt",
+                 "Display /app/{a}.txt"), "cat /app/{a}.txt"),
     Shape("cat-join", ("Join /app/{a}.txt and /app/{b}.txt into /app/{c}.txt",
-                       "Concatenate /app/{a}.txt then /app/{b}.txt and save it as /app/{c}.txt"),
+                       "Concatenate /app/{a}.txt then /app/{b}.txt and save it as /app/{c}.txt",
+                 "Write the contents of /app/{a}.txt followed by those of /app/{b}.txt to /app/{c}.txt"),
           "cat /app/{a}.txt /app/{b}.txt > /app/{c}.txt"),
     Shape("head", ("Save the first {n} lines of /app/{a}.log to /app/{b}.log",
-                   "Keep the top {n} lines of /app/{a}.log in /app/{b}.log"), "head -n {n} /app/{a}.log > /app/{b}.log"),
-    Shape("tail", ("Show the last {n} lines of /app/{a}.log", "Print the final {n} lines of /app/{a}.log"),
+                   "Keep the top {n} lines of /app/{a}.log in /app/{b}.log",
+                 "Write the first {n} lines of /app/{a}.log to /app/{b}.log"),
+          "head -n {n} /app/{a}.log > /app/{b}.log"),
+    Shape("tail", ("Show the last {n} lines of /app/{a}.log", "Print the final {n} lines of /app/{a}.log",
+                 "Display the last {n} lines of the file /app/{a}.log"),
           "tail -n {n} /app/{a}.log"),
     Shape("wc-words", ("Count the words in /app/{a}.txt and write the count to /app/{b}.txt",
-                       "Store the word count of /app/{a}.txt in /app/{b}.txt"), "wc -w < /app/{a}.txt > /app/{b}.txt"),
+                       "Store the word count of /app/{a}.txt in /app/{b}.txt",
+                 "Write the number of words in /app/{a}.txt to /app/{b}.txt"), "wc -w < /app/{a}.txt > /app/{b}.txt"),
+    Shape("wc-lines-save", ("Count the lines in /app/{a}.txt and save the number to /app/{b}.txt",
+                            "Store the line count of /app/{a}.txt in /app/{b}.txt",
+                            "Write how many lines /app/{a}.txt has to /app/{b}.txt"),
+          "wc -l < /app/{a}.txt > /app/{b}.txt"),
     Shape("wc-lines", ("How many lines does /app/{a}.csv have? Print the number",
-                       "Print the line count of /app/{a}.csv"), "wc -l < /app/{a}.csv"),
+                       "Print the line count of /app/{a}.csv",
+                 "Print the number of lines in /app/{a}.csv",
+                 "Count the lines of the file /app/{a}.csv"), "wc -l < /app/{a}.csv"),
     Shape("sort", ("Sort the lines of /app/{a}.txt into /app/{b}.txt",
-                   "Write /app/{a}.txt sorted to /app/{b}.txt"), "sort /app/{a}.txt > /app/{b}.txt"),
+                   "Write /app/{a}.txt sorted to /app/{b}.txt",
+                 "Write the lines of /app/{a}.txt in sorted order to /app/{b}.txt"),
+          "sort /app/{a}.txt > /app/{b}.txt"),
     Shape("uniq", ("Write the distinct lines of /app/{a}.txt to /app/{b}.txt",
-                   "Save /app/{a}.txt without repeated lines as /app/{b}.txt"), "sort -u /app/{a}.txt > /app/{b}.txt"),
+                   "Save /app/{a}.txt without repeated lines as /app/{b}.txt",
+                 "Write each distinct line of /app/{a}.txt once, sorted, to /app/{b}.txt"),
+          "sort -u /app/{a}.txt > /app/{b}.txt"),
     Shape("lower", ("Convert /app/{a}.txt to lower case and save it as /app/{b}.txt",
-                    "Write /app/{a}.txt in small letters to /app/{b}.txt"), "tr A-Z a-z < /app/{a}.txt > /app/{b}.txt"),
+                    "Write /app/{a}.txt in small letters to /app/{b}.txt",
+                 "Write the contents of /app/{a}.txt in lower case to /app/{b}.txt",
+                 "Save /app/{a}.txt with every letter made lowercase as /app/{b}.txt"),
+          "tr A-Z a-z < /app/{a}.txt > /app/{b}.txt"),
     Shape("upper", ("Turn the text of /app/{a}.md into capitals in /app/{b}.md",
-                    "Save an all-caps version of /app/{a}.md as /app/{b}.md"), "tr a-z A-Z < /app/{a}.md > /app/{b}.md"),
-    Shape("grep", ("Print the lines of /app/{a}.log that mention {w}", "Show which lines in /app/{a}.log contain {w}"),
+                    "Save an all-caps version of /app/{a}.md as /app/{b}.md",
+                 "Write the contents of /app/{a}.md in upper case to /app/{b}.md",
+                 "Convert /app/{a}.md to upper case and save the result as /app/{b}.md"),
+          "tr a-z A-Z < /app/{a}.md > /app/{b}.md"),
+    Shape("grep", ("Print the lines of /app/{a}.log that mention {w}", "Show which lines in /app/{a}.log contain {w}",
+                 "Print every line of /app/{a}.log that contains the word {w}"),
           "grep {w} /app/{a}.log"),
     Shape("grep-save", ("Collect the lines containing {w} from /app/{a}.log into /app/{b}.log",
-                        "Save every line of /app/{a}.log with {w} in it to /app/{b}.log"),
+                        "Save every line of /app/{a}.log with {w} in it to /app/{b}.log",
+                 "Write every line of /app/{a}.log that contains the word {w} to /app/{b}.log",
+                 "Save the lines of /app/{a}.log that include {w} in /app/{b}.log"),
           "grep {w} /app/{a}.log > /app/{b}.log"),
     Shape("grep-v", ("Write the lines of /app/{a}.txt without {w} to /app/{b}.txt",
-                     "Drop the lines mentioning {w} from /app/{a}.txt, saving the rest as /app/{b}.txt"),
+                     "Drop the lines mentioning {w} from /app/{a}.txt, saving the rest as /app/{b}.txt",
+                 "Write every line of /app/{a}.txt that does not contain the word {w} to /app/{b}.txt"),
           "grep -v {w} /app/{a}.txt > /app/{b}.txt"),
     Shape("grep-count", ("Count the lines of /app/{a}.log containing {w}",
-                         "How many lines of /app/{a}.log mention {w}?"), "grep -c {w} /app/{a}.log"),
+                         "How many lines of /app/{a}.log mention {w}?",
+                 "Print how many lines of /app/{a}.log contain the word {w}"), "grep -c {w} /app/{a}.log"),
     Shape("sed", ("Apply the substitution 's/{w}/{v}/g' to /app/{a}.txt in place",
-                  "Edit /app/{a}.txt in place with the sed script 's/{w}/{v}/g'"),
+                  "Edit /app/{a}.txt in place with the sed script 's/{w}/{v}/g'",
+                 "In /app/{a}.txt, replace every {w} with {v} using the sed script 's/{w}/{v}/g'"),
           "sed -i 's/{w}/{v}/g' /app/{a}.txt"),
-    Shape("find", ("Find the files named {a}.txt anywhere under /app", "Locate every {a}.txt below /app"),
+    Shape("find", ("Find the files named {a}.txt anywhere under /app", "Locate every {a}.txt below /app",
+                 "Search the whole of /app for files named {a}.txt"),
           "find /app -name {a}.txt"),
-    Shape("chmod", ("Make /app/{a}.sh executable", "Give /app/{a}.sh execute permission"), "chmod +x /app/{a}.sh"),
+    Shape("chmod", ("Make /app/{a}.sh executable", "Give /app/{a}.sh execute permission",
+                 "Let /app/{a}.sh be run as a program"), "chmod +x /app/{a}.sh"),
     Shape("tar", ("Pack the folder /app/{a} into the archive /app/{b}.tar.gz",
-                  "Compress /app/{a} as /app/{b}.tar.gz"), "tar -czf /app/{b}.tar.gz /app/{a}"),
-    Shape("ln", ("Create a symbolic link /app/{b} pointing to /app/{a}", "Link /app/{b} to /app/{a} symbolically"),
+                  "Compress /app/{a} as /app/{b}.tar.gz",
+                 "Create a gzip-compressed tar archive /app/{b}.tar.gz of the folder /app/{a}"),
+          "tar -czf /app/{b}.tar.gz /app/{a}"),
+    Shape("ln", ("Create a symbolic link /app/{b} pointing to /app/{a}", "Link /app/{b} to /app/{a} symbolically",
+                 "Make /app/{b} a symbolic link to /app/{a}"),
           "ln -s /app/{a} /app/{b}"),
     Shape("mkdir-echo", ("Create the folder /app/{a}, then write {w} into /app/{a}/{b}.txt",
-                         "Make /app/{a} and put the word {w} in the file /app/{a}/{b}.txt"),
+                         "Make /app/{a} and put the word {w} in the file /app/{a}/{b}.txt",
+                 "Create the directory /app/{a} and in it the file /app/{a}/{b}.txt holding the word {w}"),
           "mkdir -p /app/{a} && echo {w} > /app/{a}/{b}.txt"),
     Shape("cd-touch", ("Go to /app/{a} and create an empty file {b}.txt there",
-                       "In the folder /app/{a}, make the empty file {b}.txt"), "cd /app/{a} && touch {b}.txt"),
+                       "In the folder /app/{a}, make the empty file {b}.txt",
+                 "Change into /app/{a} and make an empty file named {b}.txt"), "cd /app/{a} && touch {b}.txt"),
     Shape("cp-rm", ("Move /app/{a}.csv to /app/{b}.csv by copying it and deleting the original",
-                    "Copy /app/{a}.csv to /app/{b}.csv, then remove /app/{a}.csv"),
+                    "Copy /app/{a}.csv to /app/{b}.csv, then remove /app/{a}.csv",
+                 "Copy /app/{a}.csv to /app/{b}.csv and delete /app/{a}.csv afterwards"),
           "cp /app/{a}.csv /app/{b}.csv && rm /app/{a}.csv"),
     Shape("sort-head", ("Write the first {n} lines of /app/{a}.txt, sorted, to /app/{b}.txt",
-                        "Sort /app/{a}.txt and keep its top {n} lines in /app/{b}.txt"),
+                        "Sort /app/{a}.txt and keep its top {n} lines in /app/{b}.txt",
+                 "Sort the lines of /app/{a}.txt and write the first {n} of them to /app/{b}.txt"),
           "sort /app/{a}.txt | head -n {n} > /app/{b}.txt"),
 )
 
@@ -220,7 +280,8 @@ def runbook_tasks(n: int, seed: int, values, *, procedures: bool = False
       out.append((p.name, rng.choice(p.phrasings).format(**v), {read: p.output.format(**v)}, [read, act]))
     else:
       s = SHAPES[(k // 2 if procedures else k) % len(SHAPES)]
-      out.append((s.name, rng.choice(s.phrasings).format(**v), {}, [s.command.format(**v)]))
+      instruction, command = variant(s, rng)
+      out.append((s.name, instruction.format(**v), {}, [command.format(**v)]))
   return out
 
 
@@ -242,11 +303,11 @@ def procedure_episode(harness, tokenizer, instruction: str, outputs: dict[str, s
 
 
 def shape_words() -> frozenset[str]:
-  """The words of the shapes' own text (programs, options, "file", ...): never a value, so that a value in a
-  command is always one the instruction gave."""
+  """The words of the shapes' own text (programs, options, "file", ...) and the folders of :data:`DIRS`: never a
+  value, so that a value in a command is always one the instruction gave."""
   texts = [t for s in SHAPES for t in (s.command, *s.phrasings)]
   texts += [t for p in PROCEDURES for t in (p.read, p.output, p.act, *p.phrasings)]
-  return frozenset(w for t in texts for w in re.findall(r"[a-z]+", re.sub(r"\{\w\}", " ", t)))
+  return frozenset(w for t in texts for w in re.findall(r"[a-z]+", re.sub(r"\{\w\}", " ", t))) | frozenset(DIRS)
 
 
 def _check_values(values):
@@ -259,7 +320,28 @@ def _draw(rng: random.Random, values) -> dict:
   words = rng.sample(list(values), 5)
   drawn = dict(zip("abcwv", words))
   drawn["n"] = rng.choice(NUMBERS)
+  drawn["d"], drawn["e"] = rng.choice(DIRS), rng.choice(EXTS)
   return drawn
+
+
+def variant(shape: Shape, rng: random.Random) -> tuple[str, str]:
+  """(instruction, command) templates of one draw of ``shape``: a random phrasing; half the time its first
+  value's path one folder deeper (``/app/{a}`` -> ``/app/{d}/{a}``, ``d`` one of :data:`DIRS`) and, on its own
+  coin, half the time its files' extension another (``.{e}``, one of :data:`EXTS`), the same change in both, so
+  that no program is tied to one folder or one extension."""
+  instruction, command = rng.choice(shape.phrasings), shape.command
+  if "/app/{a}" in command and rng.random() < 0.5:
+    instruction, command = (t.replace("/app/{a}", "/app/{d}/{a}") for t in (instruction, command))
+  if rng.random() < 0.5:
+    instruction, command = (EXTENSION.sub(".{e}", t) for t in (instruction, command))
+  return instruction, command
+
+
+def corpus_digest() -> str:
+  """A digest of what the corpus is made of (this module's source: its shapes, procedures and rules), so that
+  a phase's stored Q_clean of another corpus is never taken for this one's (``rsi_jax.rsr.corpus.corpus_label``)."""
+  from pathlib import Path
+  return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
 
 
 def pairs(n: int, seed: int, values, *, broken: bool = False, shapes=SHAPES) -> list[tuple[str, str]]:
@@ -276,7 +358,8 @@ def pairs(n: int, seed: int, values, *, broken: bool = False, shapes=SHAPES) -> 
     shape = shapes[k % len(shapes)]
     said = _draw(rng, values)
     done = _draw(wrong, values) if broken else said
-    out.append((rng.choice(shape.phrasings).format(**said), shape.command.format(**done)))
+    instruction, command = variant(shape, rng)
+    out.append((instruction.format(**said), command.format(**done)))
   return out
 
 

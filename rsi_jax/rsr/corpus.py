@@ -16,11 +16,14 @@ CORPUS_LABEL = "the stand-in pre-training corpus (rsi_jax.env.base_corpus; no ta
 
 
 def corpus_label(r, seed: int) -> str:
-  """The manifest's policy for a corpus phase (``r``: its RSR section): what it trained on (a stored Q_clean of
-  another corpus is not reused)."""
+  """The manifest's policy for a corpus phase (``r``: its RSR section): what it trained on, down to the corpus's
+  own content (:func:`~rsi_jax.env.base_corpus.corpus_digest`), so that a stored Q_clean of another corpus,
+  or of this one before its shapes changed, is not reused."""
+  from rsi_jax.env.base_corpus import corpus_digest
   return (f"{CORPUS_LABEL}: {r.corpus_pairs} pairs" + (f", {r.corpus_procedures} procedures" if r.corpus_procedures
                                                       else "")
-          + (f", {r.corpus_runbooks} runbooks" if r.corpus_runbooks else "") + f", seed {seed}")
+          + (f", {r.corpus_runbooks} runbooks" if r.corpus_runbooks else "")
+          + f", seed {seed}, corpus {corpus_digest()}")
 
 
 def corpus_funnel(cfg, tokenizer, renderer, *, seed: int, workdir: str | None = None,

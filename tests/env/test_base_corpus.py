@@ -25,6 +25,31 @@ def test_every_command_value_is_in_every_phrasing_of_its_instruction():
       assert set(re.findall(r"\{(\w)\}", p)) == set(s.slots), (s.name, p)
 
 
+def test_a_variant_moves_the_same_path_and_extension_in_the_instruction_and_the_command(pools):
+  """Every phrasing can take each variant (its command's first path /app/{a} and its extensions are the
+  phrasing's too), and over many draws a shape appears at the top level and a folder deeper, with its own
+  extension and others, each change the same in the instruction and the command."""
+  seen, _ = pools
+  for s in bc.SHAPES:
+    assert len(s.phrasings) >= 3, s.name  # sentence frames, not one sentence
+    for p in s.phrasings:
+      assert ("/app/{a}" in s.command) <= ("/app/{a}" in p), (s.name, p)
+      assert set(bc.EXTENSION.findall(p)) == set(bc.EXTENSION.findall(s.command)), (s.name, p)
+  rng = __import__("random").Random(0)
+  draws = [bc.variant(bc.SHAPES[3], rng) for _ in range(200)]  # cp: /app/{a}.csv -> /app/{b}.csv
+  assert {c for _, c in draws} == {"cp /app/{a}.csv /app/{b}.csv", "cp /app/{d}/{a}.csv /app/{b}.csv",
+                                   "cp /app/{a}.{e} /app/{b}.{e}", "cp /app/{d}/{a}.{e} /app/{b}.{e}"}
+  for instruction, command in draws:
+    assert ("{d}" in instruction) == ("{d}" in command) and ("{e}" in instruction) == ("{e}" in command)
+  ps = bc.pairs(40 * len(bc.SHAPES), 0, seen)
+  nested = [i for i, c in ps if re.search(rf"/app/({'|'.join(bc.DIRS)})/", c)]
+  assert 0.2 < len(nested) / len(ps) < 0.6
+  for instruction, command in ps:  # the folder and the extensions the command uses are the instruction's
+    for x in re.findall(rf"/app/({'|'.join(bc.DIRS)})/", command) + bc.EXTENSION.findall(command):
+      assert x in instruction, (instruction, command)
+  assert not set(bc.DIRS) & set(seen)  # a folder of DIRS is never a value
+
+
 def test_value_pools_are_large_disjoint_and_hold_none_of_the_check_values(pools):
   seen, unseen = pools
   assert len(seen) > 10_000 and len(unseen) > 1_000 and not set(seen) & set(unseen)

@@ -2,6 +2,7 @@
 rendered as the target harness's first turn, trained on by the real training program."""
 
 import json
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -63,7 +64,10 @@ def test_a_corpus_phase_trains_on_the_corpus_as_the_harness_renders_it(tmp_path,
   assert lineage["rsr"]["policy"] == manifest["policy"] and lineage["rsr"]["q_clean"] == total
   assert manifest["stages"]["accepted"] == total and manifest["stages"]["attempted"] == 0
   assert manifest["tasks"] == 0 and set(manifest["templates"]) == {"plan", "exec"}
-  seed = int(manifest["policy"].rsplit("seed ", 1)[1])
+  # the label names the corpus's content: a stored Q_clean of the corpus before its shapes changed is not reused
+  seed, digest = re.search(r", seed (\d+), corpus ([0-9a-f]{12})$", manifest["policy"]).groups()
+  seed = int(seed)
+  assert digest == bc.corpus_digest()
   seen, unseen = bc.value_pools(tokenizer)
   rb_tasks = bc.runbook_tasks(RUNBOOKS, seed, seen, procedures=True)
   assert [r["shape"] for r in records] == ([bc.SHAPES[k % len(bc.SHAPES)].name for k in range(PAIRS)]
@@ -119,7 +123,6 @@ def test_a_corpus_phase_trains_on_the_corpus_as_the_harness_renders_it(tmp_path,
   # scripts/base_corpus_check.py measures this phase's checkpoint, runbooks too: exact match of each measure
   # (values in [0, 1]; the tiny smoke model trained for a few updates is not expected to score)
   import os
-  import re
   import subprocess
   import sys
   from rsi_jax.config import REPO_ROOT
