@@ -42,7 +42,7 @@ NUMBERS = tuple(range(2, 40))
 # a variant's folder for its first value's path (/app/{d}/{a}) and its files' extension (:func:`variant`)
 DIRS = ("data", "src", "logs", "input", "files", "docs", "work", "share")
 EXTS = ("txt", "md", "log", "csv")
-EXTENSION = re.compile(r"\.(?:txt|md|log|csv)\b")
+EXTENSION = re.compile(rf"\.(?:{'|'.join(EXTS)})\b")  # an extension of EXTS in a template
 # the learning check's own vocabulary, which no corpus value may be
 CHECK_VALUES = frozenset(learn_tasks.NAMES) | frozenset(learn_tasks.WORDS) | frozenset(learn_tasks.LOG_WORDS)
 

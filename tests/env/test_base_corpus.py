@@ -3,6 +3,7 @@ the learning check's, the unseen values never occur in the corpus, and the broke
 but not the values."""
 
 import json
+import random
 import re
 
 import pytest
@@ -35,7 +36,7 @@ def test_a_variant_moves_the_same_path_and_extension_in_the_instruction_and_the_
     for p in s.phrasings:
       assert ("/app/{a}" in s.command) <= ("/app/{a}" in p), (s.name, p)
       assert set(bc.EXTENSION.findall(p)) == set(bc.EXTENSION.findall(s.command)), (s.name, p)
-  rng = __import__("random").Random(0)
+  rng = random.Random(0)
   draws = [bc.variant(bc.SHAPES[3], rng) for _ in range(200)]  # cp: /app/{a}.csv -> /app/{b}.csv
   assert {c for _, c in draws} == {"cp /app/{a}.csv /app/{b}.csv", "cp /app/{d}/{a}.csv /app/{b}.csv",
                                    "cp /app/{a}.{e} /app/{b}.{e}", "cp /app/{d}/{a}.{e} /app/{b}.{e}"}
