@@ -7,7 +7,7 @@ end, exact match on unseen values by shape (where copying fails).
 Usage: .venv/bin/python scripts/base_corpus_check.py [--pairs 6000] [--batch 16] [--epochs 1] [--every 75]
        [--eval 68] [--by-shape 10] [--prompt bare|harness] [--broken] [--compact]
        [--shapes NAME,NAME,...] [--seq-len T] [--cosine [--warmup N]]
-       [--checkpoint DIR [--runbooks N]] [key=value ...]
+       [--checkpoint DIR [--runbooks N] [--multi-turn N]] [--config CHECK] [key=value ...]
        (key=value: config overrides, e.g. model.base_emb_dim=128)
 
 ``--prompt harness``: every pair as the learning check's json-harness first turn (its system prompt), as the
@@ -16,7 +16,12 @@ training program's corpus phase (``rsr.policy: corpus``, configs/stand_in_base.y
 runbook format (``rsr.corpus_runbooks``) on N runbook tasks over unseen values (always under the harness prompt,
 as the funnel asks): greedy exact match of the runbook written from the planning call (I_plan over the instruction
 and the commands' transcript) against the runbook of those commands, and of the first reply when the task's own
-runbook is the private guidance (I_exec) against its first command.
+runbook is the private guidance (I_exec) against its first command. ``--multi-turn N``: also N procedures and N
+pairs over unseen values recorded as whole episodes (the multi-step stand-in Base's corpus, configs/
+stand_in_base_multi.yml): greedy exact match of the reply after each observation -- a procedure's second command,
+whose value only the first command's output gives; ``done`` after its last command; ``done`` after a pair's one
+command. ``--config``: the check whose harness gives the prompts (default configs/learn_check.yml; the
+multi-step Base: configs/learn_check_multi.yml, four turns, which ``--multi-turn`` needs).
 
 ``--compact``: the model's vocabulary is only the ids the pairs use, training and evaluated
 (tests/rl/test_sft_learning.py's ``CompactVocab``): the output layer, nearly all of an update's cost at the real
@@ -72,16 +77,22 @@ def main(argv=None) -> int:
   ap.add_argument("--warmup", type=int, metavar="N", help="--cosine's warmup in updates (default 50)")
   ap.add_argument("--runbooks", type=int, default=0, metavar="N",
                   help="with --checkpoint: also measure writing and following runbooks on N unseen-value tasks")
+  ap.add_argument("--multi-turn", type=int, default=0, metavar="N",
+                  help="with --checkpoint: the replies after an observation, on N procedures and N pairs")
+  ap.add_argument("--config", default="configs/learn_check.yml",
+                  help="the learning check whose harness renders the prompts (--prompt harness, --runbooks, "
+                       "--multi-turn)")
   ap.add_argument("overrides", nargs="*")
   a = ap.parse_args(argv)
   if a.warmup is not None and not a.cosine:
     ap.error("--warmup is --cosine's warmup; give --cosine with it")
-  if a.runbooks and not a.checkpoint:
-    ap.error("--runbooks measures a --checkpoint (a Base the training program made)")
+  for flag, n in (("--runbooks", a.runbooks), ("--multi-turn", a.multi_turn)):
+    if n and not a.checkpoint:
+      ap.error(f"{flag} measures a --checkpoint (a Base the training program made)")
   if a.checkpoint and (a.compact or a.cosine):
     ap.error(f"{'--compact' if a.compact else '--cosine'} trains a model of its own; it cannot measure a "
              f"--checkpoint")
-  from rsi_jax.config import CONFIG_DIR, load_config
+  from rsi_jax.config import REPO_ROOT, load_config
   from rsi_jax.env import base_corpus as bc
   from rsi_jax.models import ChatRenderer, load_tokenizer
   from tests.rl.test_sft_learning import SFTCheck, prompt_ids
@@ -103,19 +114,19 @@ def main(argv=None) -> int:
   # the learning check's SFT optimizer (configs/learn_check.yml: no weight decay, which would shrink the tied
   # embeddings of the values the corpus never holds, and so their logits, at every update)
   renderer, prompt = ChatRenderer(tok), None
-  if a.prompt == "harness":  # the learning check's json harness (configs/learn_check.yml: one turn, 20 s)
-    from rsi_jax.env.harness import ScriptedPolicy, make_harness
-    harness = make_harness("json", ScriptedPolicy(tok, []), renderer, env_cfg=load_config(
-        CONFIG_DIR / "learn_check.yml").env)
-    prompt = harness.prompt_for
-  runbooks, max_new = {}, 48
-  if a.runbooks:  # the planning and guided prompts exactly as the corpus phase makes them (keyed: SFTCheck's
-    # prompt function maps a pair's first element to its ids)
+  cfg = load_config(REPO_ROOT / a.config)
+  from rsi_jax.env.harness import ScriptedPolicy, make_harness
+  if a.prompt == "harness":  # --config's json harness (configs/learn_check.yml: one turn, 20 s)
+    prompt = make_harness("json", ScriptedPolicy(tok, []), renderer, env_cfg=cfg.env).prompt_for
+  if a.multi_turn and cfg.env.max_turns < 3:
+    ap.error(f"--multi-turn: {a.config} has env.max_turns {cfg.env.max_turns}; a procedure is read, act, done "
+             f"(configs/learn_check_multi.yml has four)")
+  runbooks, turns, keyed, max_new = {}, {}, {}, 48  # keyed: SFTCheck's prompt function maps a key to its ids
+  if a.runbooks:  # the planning and guided prompts exactly as the corpus phase makes them
     from rsi_jax.rsr.corpus import runbook_samples
     from rsi_jax.rsr.runbook import load_template
-    cfg = load_config(CONFIG_DIR / "learn_check.yml")
     templates = (load_template(cfg.rsr.plan_template), load_template(cfg.rsr.exec_template))
-    keyed, runbooks = {}, {"written": [], "followed": []}
+    runbooks = {"written": [], "followed": []}
     for k, (_, instruction, outputs, commands) in enumerate(bc.runbook_tasks(a.runbooks, 5, unseen)):
       plan, (guided, *_) = runbook_samples(cfg, tok, renderer, templates, instruction, outputs, commands)
       gen = np.asarray(plan.gen_mask) > 0
@@ -125,6 +136,29 @@ def main(argv=None) -> int:
       keyed[f"followed {k}"] = [int(i) for i in guided.ids[:first]]
       runbooks["followed"].append((f"followed {k}", bc.reply(commands[0])))
     max_new = max(48, max(len(tok.encode(r)) for _, r in runbooks["written"]) + 16)
+  if a.multi_turn:  # each reply that follows an observation, its prompt the episode up to it (as recorded)
+    from rsi_jax.rsr.corpus import command_episode
+    from rsi_jax.rl.batch import episode_samples
+    from rsi_jax.policy import SamplingParams
+    harness = make_harness("json", ScriptedPolicy(tok, []), renderer, env_cfg=cfg.env)
+    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens)
+    turns = {"procedures, the act from the output": [], "procedures, done after it": [],
+             "pairs, done after the command": []}
+    episodes = [("procedures", i, o, c) for i, o, c in bc.procedures(a.multi_turn, 6, unseen)]
+    episodes += [("pairs", i, {}, [c]) for i, c in bc.pairs(a.multi_turn, 7, unseen, shapes=shapes)]
+    for k, (kind, instruction, outputs, commands) in enumerate(episodes):
+      (s,) = episode_samples(command_episode(harness, tok, instruction, outputs, commands, params, kind), 0)
+      gen = np.asarray(s.gen_mask) > 0
+      edges = np.flatnonzero(np.diff(np.concatenate([[0], gen.astype(int), [0]])))  # each reply's [start, end)
+      recorded = [tok.decode([int(i) for i in s.ids[b:e - 1]]) for b, e in zip(edges[::2], edges[1::2])]
+      wants = [bc.reply(c) for c in commands] + [bc.done_reply()]
+      assert recorded == wants, (recorded, wants)  # the replies the episode holds, less each <|im_end|>
+      names = (["procedures, the act from the output"] * (len(commands) - 1)
+               + [f"{kind}, done after {'it' if kind == 'procedures' else 'the command'}"])
+      for j, (start, want, name) in enumerate(zip(edges[2::2], wants[1:], names)):  # the replies after the first
+        keyed[f"turn {k}.{j}"] = [int(i) for i in s.ids[:start]]
+        turns[name].append((f"turn {k}.{j}", want))
+  if keyed:
     plain = prompt or (lambda text: prompt_ids(renderer, text))
     prompt = lambda key: keyed[key] if key in keyed else plain(key)  # noqa: E731
   schedule = []
@@ -167,6 +201,11 @@ def main(argv=None) -> int:
       for kind, pairs in runbooks.items():
         em, texts = check.exact_match(params, pairs)
         print(f"runbooks {kind} ({len(pairs)} tasks over unseen values): {em:.3f}", flush=True)
+        for (_, want), got in [(p, t) for p, t in zip(pairs, texts) if p[1] != t][:1]:
+          print(f"  want {want!r}\n  got  {got!r}", flush=True)
+      for kind, pairs in turns.items():
+        em, texts = check.exact_match(params, pairs)
+        print(f"multi-turn: {kind} ({len(pairs)} over unseen values): {em:.3f}", flush=True)
         for (_, want), got in [(p, t) for p, t in zip(pairs, texts) if p[1] != t][:1]:
           print(f"  want {want!r}\n  got  {got!r}", flush=True)
     else:

@@ -29,9 +29,10 @@ def corpus_label(r, seed: int) -> str:
 def corpus_funnel(cfg, tokenizer, renderer, *, seed: int, workdir: str | None = None,
                   input_digest: str | None = None) -> FunnelResult:
   """``rsr.policy: corpus``: Q_clean is ``rsr.corpus_pairs`` generated pairs of the stand-in Base's corpus
-  (:mod:`rsi_jax.env.base_corpus`, over its own values: never the learning check's), each rendered as the first
-  turn of the target harness (its system prompt, the instruction; the reply: the command in the harness's
-  convention), recorded token-in/token-out as a harness records a turn; then ``rsr.corpus_procedures``
+  (:mod:`rsi_jax.env.base_corpus`, over its own values: never the learning check's), each recorded token-in/
+  token-out as the target harness records an episode (:func:`command_episode`: its system prompt, the
+  instruction, the command in the harness's convention as the reply; under more than one turn, then the
+  command's observation and ``done``); then ``rsr.corpus_procedures``
   two-step procedures, each recorded by the target harness's own loop in a :class:`~rsi_jax.env.base_corpus.
   CorpusShell`; then ``rsr.corpus_runbooks`` runbook tasks (:func:`~rsi_jax.env.base_corpus.runbook_tasks`), each
   two samples: the planning call as the funnel makes it (``rsr.plan_template`` over the instruction and its
@@ -48,9 +49,9 @@ def corpus_funnel(cfg, tokenizer, renderer, *, seed: int, workdir: str | None = 
   harness = make_harness(r.target_harness, ScriptedPolicy(tokenizer, []), renderer, params, env_cfg=cfg.env)
   for k, (instruction, command) in enumerate(base_corpus.pairs(r.corpus_pairs, seed, seen)):
     shape = base_corpus.SHAPES[k % len(base_corpus.SHAPES)].name
-    segment = first_turn(tokenizer, harness.prompt_for(instruction), base_corpus.reply(command, r.target_harness),
-                         params, f"rsr.corpus_pairs: the reply of corpus pair {k} ({shape})")
-    episodes.append(episode_samples([segment], k))
+    segments = command_episode(harness, tokenizer, instruction, {}, [command], params,
+                               f"rsr.corpus_pairs: the reply of corpus pair {k} ({shape})")
+    episodes.append(episode_samples(segments, k))
     records.append({"kind": "corpus", "shape": shape, "harness": r.target_harness, "pair": k})
     counts.add("accepted", f"corpus:{shape}", r.target_harness)
   for k, (instruction, outputs, commands) in enumerate(base_corpus.procedures(r.corpus_procedures, seed, seen)):
@@ -77,11 +78,7 @@ def runbook_samples(cfg, tokenizer, renderer, templates: tuple[Template, Templat
                     outputs: dict[str, str], commands: list[str]):
   """A corpus runbook task's two samples: (the planning call -> the runbook of ``commands`` as one
   :class:`~rsi_jax.rl.batch.Sample`, the execution under that runbook as the target harness records it: its
-  segments). A single command is the harness's first turn (as a corpus pair is), more are its loop to ``done``
-  in a :class:`~rsi_jax.env.base_corpus.CorpusShell` (as a procedure is)."""
-  from types import SimpleNamespace
-
-  from rsi_jax.env import base_corpus
+  segments, as :func:`command_episode` records a corpus pair or a procedure)."""
   from rsi_jax.env.harness import ScriptedPolicy, make_harness
   from rsi_jax.rsr.control import Step, render_steps
   r = cfg.rsr
@@ -97,11 +94,24 @@ def runbook_samples(cfg, tokenizer, renderer, templates: tuple[Template, Templat
   guide = lambda task: exec_t.render(instruction=task.instruction.strip(), runbook=runbook)  # noqa: E731
   harness = make_harness(r.target_harness, ScriptedPolicy(tokenizer, []), renderer, params, env_cfg=cfg.env,
                          guidance=guide)
-  if len(commands) > 1:
-    return plan, base_corpus.procedure_episode(harness, tokenizer, instruction, outputs, commands).segments
-  return plan, [first_turn(tokenizer, harness.initial_prompt(SimpleNamespace(instruction=instruction)),
-                           base_corpus.reply(commands[0], r.target_harness), params,
-                           "rsr.corpus_runbooks: the guided reply")]
+  return plan, command_episode(harness, tokenizer, instruction, outputs, commands, params,
+                               "rsr.corpus_runbooks: the guided reply")
+
+
+def command_episode(harness, tokenizer, instruction: str, outputs: dict[str, str], commands: list[str],
+                    params: SamplingParams, what: str):
+  """The segments of a corpus task's ``commands`` as ``harness`` records them: a single command under a one-turn
+  harness (``env.max_turns: 1``) is its first turn, the whole episode (:func:`first_turn`; ``what`` names the
+  reply if it does not fit); otherwise the harness's own loop to ``done`` in a
+  :class:`~rsi_jax.env.base_corpus.CorpusShell` (each command, its output as the observation, then ``done``),
+  so that a Base for a multi-turn harness learns to end an episode as well as to act."""
+  from types import SimpleNamespace
+
+  from rsi_jax.env import base_corpus
+  if harness.max_turns == 1 and len(commands) == 1:
+    return [first_turn(tokenizer, harness.initial_prompt(SimpleNamespace(instruction=instruction)),
+                       base_corpus.reply(commands[0], harness.name), params, what)]
+  return base_corpus.procedure_episode(harness, tokenizer, instruction, outputs, commands).segments
 
 
 def first_turn(tokenizer, prompt: list[int], reply: str, params: SamplingParams, what: str):

@@ -200,10 +200,19 @@ def test_shipped_configs_pass_preflight(tmp_path):
   shutil.copytree(CONFIG_DIR, tmp_path / "configs")
   # what learn_check.sh writes: a suite and a run file over configs/learn_check.yml naming its splits
   suite = make_suite(tmp_path / "learn", train_per_template=1, heldout_per_template=1, base_per_template=1)
-  run_file = write_run_file(suite, CONFIG_DIR / "learn_check.yml", tmp_path / "learn" / "run.yml")
+  run_files = {"learn_check.yml": write_run_file(suite, CONFIG_DIR / "learn_check.yml", tmp_path / "learn" / "run.yml")}
+  multi = make_suite(tmp_path / "multi", train_per_template=1, heldout_per_template=1, templates=["multi-step"])
+  run_files["learn_check_multi.yml"] = write_run_file(multi, CONFIG_DIR / "learn_check_multi.yml",
+                                                      tmp_path / "multi" / "run.yml")
   for f in sorted(CONFIG_DIR.glob("*.yml")):
-    cfg = load_config(run_file if f.name == "learn_check.yml" else f, [f"run.output_dir={tmp_path}"])
+    ov = [f"run.output_dir={tmp_path}"]
+    if load_config(f).model.hf_path:  # a stand-in Base's export, which a fresh clone has not made: a random init
+      ov.append("model.hf_path=")  # (tests/rsr/test_corpus_phase.py checks which export each names)
+    cfg = load_config(run_files.get(f.name, f), ov)
     plan = preflight(cfg, num_devices=4)
+    if f.name == "learn_check_multi.yml":  # every phase on the multi-step suite's train split
+      assert {s.name: s.cfg.env.tasks_dir for s in plan} == {
+          "rsr1": str(multi["train"]), "critic_seed": str(multi["train"]), "rpr1": str(multi["train"])}
     if f.name == "learn_check.yml":  # Base learns from the base split, the later phases train on the train split
       assert {s.name: s.cfg.env.tasks_dir for s in plan} == {
           "rsr0": str(suite["base"]), "rsr1": str(suite["train"]), "critic_seed": str(suite["train"]),

@@ -85,7 +85,8 @@ def test_a_corpus_phase_trains_on_the_corpus_as_the_harness_renders_it(tmp_path,
     gen = np.asarray(s.gen_mask) > 0
     prompt = harness.prompt_for(instruction)
     assert list(s.ids[:len(prompt)]) == prompt and not gen[:len(prompt)].any()
-    assert tokenizer.decode(list(s.ids[gen])) == bc.reply(command) + "<|im_end|>"
+    # env.max_turns 3: the whole episode, the command then done (test_a_pair_is_the_episode_the_harness_records)
+    assert tokenizer.decode(list(s.ids[gen])) == bc.reply(command) + "<|im_end|>" + bc.done_reply() + "<|im_end|>"
   assert not {w for _, c in want for w in c.replace("/", " ").split()} & set(unseen)
   # the procedures: the harness's own loop (prompt, reply, observation, reply, ..., done)
   for (instruction, outputs, commands), (s,) in zip(bc.procedures(PROCEDURES, seed, seen),
@@ -117,7 +118,7 @@ def test_a_corpus_phase_trains_on_the_corpus_as_the_harness_renders_it(tmp_path,
                          guidance=lambda t: exec_t.render(instruction=t.instruction, runbook=runbook))
     prompt = guide.initial_prompt(SimpleNamespace(instruction=instruction))
     assert list(guided.ids[:len(prompt)]) == prompt and "Private guidance:" in tokenizer.decode(prompt)
-    replies = [bc.reply(c) for c in commands] + ([bc.done_reply()] if len(commands) > 1 else [])
+    replies = [bc.reply(c) for c in commands] + [bc.done_reply()]
     assert tokenizer.decode(list(guided.ids[np.asarray(guided.gen_mask) > 0])) == "<|im_end|>".join(
         replies) + "<|im_end|>"
   # scripts/base_corpus_check.py measures this phase's checkpoint, runbooks too: exact match of each measure
@@ -127,12 +128,45 @@ def test_a_corpus_phase_trains_on_the_corpus_as_the_harness_renders_it(tmp_path,
   import sys
   from rsi_jax.config import REPO_ROOT
   p = subprocess.run([sys.executable, "scripts/base_corpus_check.py", "--prompt", "harness", "--eval", "2",
-                      "--by-shape", "0", "--runbooks", "3", f"--checkpoint={tmp_path}/c/checkpoints/rsr0",
+                      "--by-shape", "0", "--runbooks", "3", "--multi-turn", "2",
+                      "--config", "configs/learn_check_multi.yml", f"--checkpoint={tmp_path}/c/checkpoints/rsr0",
                       "model_name=qwen3-tiny"], cwd=REPO_ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"),
                      capture_output=True, text=True, timeout=600)
   assert p.returncode == 0, p.stderr[-3000:]
   for kind in ("written", "followed"):
     assert re.search(rf"^runbooks {kind} \(3 tasks over unseen values\): [01]\.\d{{3}}$", p.stdout, re.M), p.stdout
+  # a procedure's second command and done after it, done after a pair's command: 2 episodes of each
+  for kind in ("procedures, the act from the output", "procedures, done after it", "pairs, done after the command"):
+    assert re.search(rf"^multi-turn: {kind} \(2 over unseen values\): [01]\.\d{{3}}$", p.stdout, re.M), p.stdout
+
+
+@pytest.mark.parametrize("max_turns", [1, 2])
+def test_a_pair_is_the_episode_the_harness_records(tokenizer, max_turns):
+  """A corpus pair (and a runbook task's single-command execution) is what the target harness records of an
+  episode that issues the command: under one turn the command's turn alone; under more, the command, its
+  (empty) observation, then ``done`` -- a Base for a multi-turn check must learn to stop, not only to act."""
+  from rsi_jax.rsr.corpus import corpus_funnel
+  cfg = load_config(CONFIG_DIR / "stand_in_base.yml", ["rsr.corpus_pairs=6", "rsr.corpus_runbooks=2",
+                                                       f"env.max_turns={max_turns}"])
+  renderer = ChatRenderer(tokenizer)
+  result = corpus_funnel(cfg, tokenizer, renderer, seed=3)
+  seen, _ = bc.value_pools(tokenizer)
+  harness = make_harness("json", object(), renderer, env_cfg=cfg.env)
+  assert len(result.episodes) == 6 + 2 * 2
+  for (instruction, command), (s,) in zip(bc.pairs(6, 3, seen), result.episodes[:6]):
+    prompt = harness.prompt_for(instruction)
+    assert list(s.ids[:len(prompt)]) == prompt
+    gen = np.asarray(s.gen_mask) > 0
+    want = [bc.reply(command)] + ([bc.done_reply()] if max_turns > 1 else [])
+    assert tokenizer.decode(list(s.ids[gen])) == "<|im_end|>".join(want) + "<|im_end|>"
+    if max_turns > 1:  # the observation between the two replies, which the model reads and is not trained on
+      after = tokenizer.decode(list(s.ids[len(prompt):]))
+      assert after.startswith(bc.reply(command) + "<|im_end|>") and "<|im_start|>user" in after
+  tasks = bc.runbook_tasks(2, 3, seen)
+  for (_, _, _, commands), (guided,) in zip(tasks, result.episodes[7::2]):
+    want = [bc.reply(c) for c in commands] + ([bc.done_reply()] if max_turns > 1 else [])
+    assert tokenizer.decode(list(guided.ids[np.asarray(guided.gen_mask) > 0])) == "<|im_end|>".join(
+        want) + "<|im_end|>"
 
 
 def test_the_stand_in_base_is_trained_on_the_learning_checks_own_first_turn(tokenizer):
@@ -159,6 +193,28 @@ def test_the_stand_in_base_is_trained_on_the_learning_checks_own_first_turn(toke
   prompt = lambda c: make_harness("json", object(), ChatRenderer(tokenizer), env_cfg=c.env).system_prompt()  # noqa: E731
   assert prompt(base) == prompt(check)
   assert base.actor_optim.weight_decay == check.actor_optim.weight_decay == 0
+
+
+def test_the_multi_step_base_is_trained_under_the_multi_step_checks_harness(tokenizer):
+  """configs/stand_in_base_multi.yml trains the one-command stand-in Base on (its export, model.hf_path) under
+  configs/learn_check_multi.yml's harness: the same system prompt (four turns), the model, whole episodes (the
+  pairs end with done: more than one turn), procedures and runbooks, one decay over the phase's updates."""
+  base, one, check = (load_config(CONFIG_DIR / f) for f in ("stand_in_base_multi.yml", "stand_in_base.yml",
+                                                             "learn_check_multi.yml"))
+  assert base.model.hf_path == f"{one.run.output_dir}/{one.run.name}/hf" and base.run.name != one.run.name
+  assert base.model.base_num_decoder_layers == one.model.base_num_decoder_layers == check.model.base_num_decoder_layers
+  assert base.model.base_emb_dim == check.model.base_emb_dim
+  assert base.pipeline.phases == ("rsr0",) and not base.pipeline.phase_overrides and base.pipeline.sft_epochs == 1
+  r = base.rsr
+  assert r.policy == "corpus" and min(r.corpus_pairs, r.corpus_procedures, r.corpus_runbooks) > 0
+  assert base.actor_optim.schedule == "cosine" and base.actor_optim.decay_steps == -(
+      -(r.corpus_pairs + r.corpus_procedures + 2 * r.corpus_runbooks) // base.rollout.global_batch) == 500
+  assert check.env.max_turns == base.env.max_turns == 4 and r.target_harness == check.env.harness == "json"
+  assert check.model.hf_path == f"{base.run.output_dir}/{base.run.name}/hf" and "rsr0" not in check.pipeline.phases
+  prompt = lambda c: make_harness("json", object(), ChatRenderer(tokenizer), env_cfg=c.env).system_prompt()  # noqa: E731
+  assert prompt(base) == prompt(check) != prompt(one)
+  assert base.actor_optim.weight_decay == check.actor_optim.weight_decay == 0
+  assert (base.rl.pad_multiple, base.rl.per_device_token_budget) == (one.rl.pad_multiple, 0)
 
 
 @pytest.mark.slow
