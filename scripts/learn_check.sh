@@ -11,7 +11,8 @@
 #     (model.hf_path) and evaluates as its starting weights; the plan is then RSR-1 -> critic seed -> RPR-1
 #   --multi-step: the same on the multi-step task families (configs/learn_check_multi.yml: 2-3 commands a task,
 #     four turns), from the multi-step stand-in Base (configs/stand_in_base_multi.yml: the stand-in Base trained
-#     on further under that harness, once, into runs/stand_in_base_multi)
+#     on further under that harness, once, into runs/stand_in_base_multi); then RSR-1 again with the rewrite on
+#     (scripts/learn_check_rewrite.py), and the funnel comparison of the two RSR-1s
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -77,4 +78,12 @@ if [ "$rc" -ne 0 ]; then
   echo "[learn_check] rsi_jax.train exited with status $rc after ${wall}s" >&2
 fi
 "$py" scripts/learn_check_table.py "runs/$name" --wall-seconds "$wall" --start-label "$label" || [ "$rc" -ne 0 ]
+if [ "$rc" -eq 0 ] && [ "$multi" = 1 ]; then
+  # the design's point: RSR-1 with the rewrite on (the actor plans two runbooks per discovered episode, the review
+  # gate, fresh executions under them, projection) from the same Base, seed and tasks, beside this run's RSR-1
+  # (self-imitation): its table, then the funnel comparison (runs/${name}_rewrite/rewrite_comparison.json)
+  start=$(date +%s)
+  "$py" scripts/learn_check_rewrite.py "runs/$name" --num-runbooks 2 "$@" || rc=$?
+  echo "[learn_check] the rewrite's RSR-1: $(( $(date +%s) - start ))s"
+fi
 exit "$rc"
