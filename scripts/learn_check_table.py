@@ -65,11 +65,12 @@ def main(argv=None):
   fmt = lambda x: "n/a" if x is None else f"{x:.1f}"  # noqa: E731
   for x in rows:
     print(f"{x['stage']:<{w}}{fmt(x['mean_at_r']):>10}{fmt(x['pass_at_r']):>10}{x['infra_failures']:>7}")
-  if any(x["failures"] for x in rows):  # why the failed attempts failed (first action vs the reference command)
-    print(f"\nfailed attempts by first action{'':<{max(0, w - 31)}}" + "".join(f"{m:>17}" for m in FAILURE_MODES))
+  if any(x["failures"] for x in rows):  # why the failed attempts failed (the action that left the reference)
+    head = "failed attempts by first action off the reference"
+    print(f"\n{head}{'':<{max(0, w - len(head))}}" + "".join(f"{m:>17}" for m in FAILURE_MODES))
     for x in rows:
       if x["failures"]:
-        print(f"{x['stage']:<{max(w, 31)}}" + "".join(f"{x['failures'][m]:>17}" for m in FAILURE_MODES))
+        print(f"{x['stage']:<{max(w, len(head))}}" + "".join(f"{x['failures'][m]:>17}" for m in FAILURE_MODES))
   if a.wall_seconds is not None:
     print(f"wall time {a.wall_seconds / 60:.1f} min")
   (run / "learn_check.json").write_text(json.dumps({"stages": rows, "wall_seconds": a.wall_seconds}, indent=1)

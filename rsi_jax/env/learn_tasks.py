@@ -367,37 +367,42 @@ def write_run_file(paths: dict[str, Path], config: str | Path, out: str | Path) 
 FAILURE_MODES = ("wrong arguments", "other command", "malformed", "no command")
 
 
-def reference_command(task_dir: str | Path) -> str:
-  """The first command of a task's reference solution (``solution/solve.sh``; a one-command task's only one):
-  what a failed attempt's first action is told apart by."""
+def reference_commands(task_dir: str | Path) -> list[str]:
+  """The commands of a task's reference solution (``solution/solve.sh``; one for a one-command task, two or
+  three for a multi-step one): what a failed attempt's actions are told apart by."""
   lines = [x.strip() for x in (Path(task_dir) / "solution" / "solve.sh").read_text().splitlines()]
-  return [x for x in lines if x and not x.startswith("#")][0]
+  return [x for x in lines if x and not x.startswith("#")]
 
 
-def failure_mode(actions: Sequence[str], reference: str) -> str:
-  """Why a failed one-command attempt failed, from its first action (an evaluation attempt record's
-  ``actions``): ``wrong arguments`` (the reference's program, e.g. ``mkdir`` for ``mkdir -p /app/a/b``, with
-  other arguments), ``other command`` (another program: a template the actor does not know, or confused),
-  ``malformed`` (no valid JSON action) or ``no command`` (declared done or said nothing runnable)."""
-  if not actions or actions[0] in ("<done>", ""):
+def failure_mode(actions: Sequence[str], reference: Sequence[str]) -> str:
+  """Why a failed attempt failed, from its first action that departs from the reference solution's commands
+  in order (an evaluation attempt record's ``actions``; for a one-command task, its first action): ``wrong
+  arguments`` (the reference step's program, e.g. ``mkdir`` for ``mkdir -p /app/a/b``, with other arguments),
+  ``other command`` (another program: a template the actor does not know, or confused), ``malformed`` (no
+  valid JSON action) or ``no command`` (declared done, or said nothing runnable, before the reference's last
+  step). An attempt that issued every reference command verbatim is judged by the last one."""
+  same = lambda a, b: a.split() == b.split()  # noqa: E731  (whitespace aside)
+  step = next((i for i, ref in enumerate(reference) if i >= len(actions) or not same(actions[i], ref)),
+              len(reference) - 1)
+  act = actions[step] if step < len(actions) else ""
+  if act in ("<done>", ""):
     return "no command"
-  first = actions[0]
-  if first.startswith("<malformed"):
+  if act.startswith("<malformed"):
     return "malformed"
-  words = first.split()
-  return "wrong arguments" if words and words[0] == reference.split()[0] else "other command"
+  words = act.split()
+  return "wrong arguments" if words and words[0] == reference[step].split()[0] else "other command"
 
 
 def failure_modes(records: Sequence[dict], tasks_dir: str | Path) -> dict[str, int]:
   """Counts of :data:`FAILURE_MODES` over the failed, scored attempts of ``records`` (``attempts.jsonl``
   rows) on the tasks of ``tasks_dir``; attempts that succeeded or were infrastructure failures are not
   counted."""
-  refs: dict[str, str] = {}
+  refs: dict[str, list[str]] = {}
   out = dict.fromkeys(FAILURE_MODES, 0)
   for r in records:
     if r["success"] or r["infra_failure"]:
       continue
     if r["task"] not in refs:
-      refs[r["task"]] = reference_command(Path(tasks_dir) / r["task"])
+      refs[r["task"]] = reference_commands(Path(tasks_dir) / r["task"])
     out[failure_mode(r.get("actions", []), refs[r["task"]])] += 1
   return out

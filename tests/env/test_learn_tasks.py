@@ -29,7 +29,7 @@ def test_multi_step_tasks_hide_what_the_last_command_needs_and_share_no_instruct
   """A multi-step family's last command needs a value that only a file gives (the instruction and the task's
   name do not), so the reference solution reads it first; two tasks that differ only in that value would share
   an instruction, so a split holds one of them."""
-  from rsi_jax.env.learn_tasks import reference_command, selected, task_name, write_task
+  from rsi_jax.env.learn_tasks import reference_commands, selected, task_name, write_task
   assert selected(["multi-step"]) == MULTI_STEP_TEMPLATES and selected([]) == TEMPLATES
   assert [t.name for t in selected(["find-file", "write-word"])] == ["write-word", "find-file"]
   with pytest.raises(ValueError, match=r"unknown template\(s\) \['nope'\]"):
@@ -48,7 +48,7 @@ def test_multi_step_tasks_hide_what_the_last_command_needs_and_share_no_instruct
       assert hidden not in t.instruction(*p) and all(v in t.instruction(*p) for v in shown), (t.name, p)
       assert hidden not in task_name(t, p).split("-"), task_name(t, p)
   d = write_task(tmp_path, BY_NAME["count-dir"], ("alpha", "beta", "7"))
-  assert reference_command(d) == "wc -l < /app/data/alpha.txt"  # the first command: what a first action is told by
+  assert reference_commands(d) == ["wc -l < /app/data/alpha.txt", "mkdir -p /app/beta/7"]
   assert len((d / "environment" / "data" / "alpha.txt").read_text().splitlines()) == 7
   with pytest.raises(ValueError, match="pointer-copy has 56 instructions, fewer than 40 held-out"):
     split(seed=0, train_per_template=24, heldout_per_template=40, templates=["pointer-copy"])
@@ -78,17 +78,25 @@ def test_suite_folders_load(tmp_path):
     make_suite(tmp_path, templates=["nope"])
 
 
-def test_failed_attempts_are_told_apart_by_their_first_action(tmp_path):
-  """The learning check's failure modes: a failed attempt's first action against its task's reference
-  command (read from the generated solve.sh)."""
-  from rsi_jax.env.learn_tasks import failure_mode, failure_modes, reference_command, write_task
+def test_failed_attempts_are_told_apart_by_their_first_action_off_the_reference(tmp_path):
+  """The learning check's failure modes: a failed attempt's first action that departs from its task's reference
+  commands (read from the generated solve.sh), in order."""
+  from rsi_jax.env.learn_tasks import failure_mode, failure_modes, reference_commands, write_task
   d = write_task(tmp_path, BY_NAME["make-dir"], ("beta", "gamma"))
-  assert reference_command(d) == "mkdir -p /app/beta/gamma"
-  ref = "mkdir -p /app/beta/gamma"
+  assert reference_commands(d) == ["mkdir -p /app/beta/gamma"]
+  ref = ["mkdir -p /app/beta/gamma"]
   assert failure_mode(["mkdir -p /app/gamma/beta\n"], ref) == "wrong arguments"
   assert failure_mode(["wc -l < /app/beta.txt"], ref) == "other command"
   assert failure_mode(['<malformed: no JSON object found> mk'], ref) == "malformed"
   assert failure_mode(["<done>"], ref) == "no command" and failure_mode([], ref) == "no command"
+  assert failure_mode(["mkdir  -p /app/beta/gamma", "rm -r /app/beta"], ref) == "wrong arguments"  # judged by its step
+  # multi-step: the step where the attempt leaves the reference decides, not its first action
+  two = ["grep -l apple /app/data/*.txt", "echo gamma.txt > /app/beta.txt"]
+  assert failure_mode([two[0], "echo delta.txt > /app/beta.txt"], two) == "wrong arguments"
+  assert failure_mode([two[0], "cp /app/data/gamma.txt /app/beta.txt"], two) == "other command"
+  assert failure_mode([two[0], "<done>"], two) == "no command" and failure_mode([two[0]], two) == "no command"
+  assert failure_mode([two[0], "<malformed: x> y"], two) == "malformed"
+  assert failure_mode(["cat /app/data/alpha.txt", *two], two) == "other command"  # an extra first step
   rec = lambda actions, success=0, infra=False: {"task": d.name, "success": success, "infra_failure": infra,  # noqa: E731
                                                  "actions": actions}
   records = [rec(["mkdir -p /app/beta/gamma"], success=1), rec(["mkdir /app/x"]), rec(["mkdir /app/y"]),
