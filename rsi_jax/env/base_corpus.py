@@ -205,7 +205,7 @@ SHAPES = (
 class Procedure:
   """A two-step shape: the instruction says where a value is, not the value; the first command reads it (``read``
   prints ``output``, what a shell would), the second acts on what it printed (``act``), then ``done``. Slots as
-  :class:`Shape`'s (``b``: the one only the output gives). Every value keeps its neighbour (``/``) in the output
+  :class:`Shape`'s (``b``, or the number ``n``: the one only the output gives). Every value keeps its neighbour (``/``) in the output
   and the command, so an unseen one is copyable (``test_base_corpus.py`` checks the tokens)."""
   name: str
   phrasings: tuple[str, ...]
@@ -233,6 +233,20 @@ PROCEDURES = (
     Procedure("find-mv", ("Somewhere under /app is a file named {a}.csv. Move it to /app/{c}.csv",
                           "Find {a}.csv below /app and move it to /app/{c}.csv"),
               "find /app -name {a}.csv", "/app/{b}/{a}.csv\n", "mv /app/{b}/{a}.csv /app/{c}.csv"),
+    # a count, a bare file name, a file copied into a folder: the kinds of second step the multi-step check's
+    # families take (learn_tasks.MULTI_STEP_TEMPLATES), phrased otherwise and over the corpus's own values
+    Procedure("wc-mkdir", ("Create the folder /app/{a}/N, N being how many lines /app/{c}.txt has",
+                           "Find out how many lines /app/{c}.txt holds and make a directory of that number in "
+                           "/app/{a}"),
+              "wc -l < /app/{c}.txt", "{n}\n", "mkdir -p /app/{a}/{n}"),
+    Procedure("grep-basename", ("Exactly one file in /app/{a} mentions {w}. Write the name of that file, without "
+                                "its folder, into /app/{c}.txt",
+                                "Put the bare file name of the one file of /app/{a} that contains {w} in "
+                                "/app/{c}.txt"),
+              "grep -l {w} /app/{a}/*.txt", "/app/{a}/{b}.txt\n", "basename /app/{a}/{b}.txt > /app/{c}.txt"),
+    Procedure("grep-cp-into", ("Copy the one file of /app/{a} that contains {w} into the folder /app/{c}",
+                               "Of the files in /app/{a}, exactly one mentions {w}: copy it into /app/{c}"),
+              "grep -l {w} /app/{a}/*.txt", "/app/{a}/{b}.txt\n", "cp /app/{a}/{b}.txt /app/{c}/"),
 )
 
 

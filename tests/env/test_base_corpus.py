@@ -104,7 +104,8 @@ def test_runbook_tasks_are_seeded_a_stream_of_their_own_and_copy_the_instruction
     assert set(outputs) == {read} and read.split()[0] == procs[name].read.split()[0], (name, read)
     assert all(w in instruction for w in re.findall(r"[a-z]+", read) if w in words), (name, read)
     assert all(w in instruction + outputs[read] for w in re.findall(r"[a-z]+", act) if w in words), (name, act)
-    assert [w for w in re.findall(r"[a-z]+", act) if w in words and w not in instruction], (name, act)  # needs the read
+    needs = [w for w in re.findall(r"[a-z]+|[0-9]+", act) if (w in words or w.isdigit()) and w not in instruction]
+    assert needs and all(w in outputs[read] for w in needs), (name, act)  # needs the read (a name or a count)
   with pytest.raises(ValueError, match="shared with the learning check's tasks"):
     bc.runbook_tasks(2, 0, seen[:10] + ("alpha",))
 
@@ -169,8 +170,8 @@ def test_a_procedure_reads_a_value_the_instruction_does_not_give_and_acts_on_it(
     obs = run.turns[0].observation
     assert json.loads(obs)["output"] == outputs[commands[0]]
     words = set(unseen)
-    hidden = {w for w in re.findall(r"[a-z]+", outputs[commands[0]]) if w in words} - set(
-        re.findall(r"[a-z]+", instruction))
+    hidden = {w for w in re.findall(r"[a-z]+|[0-9]+", outputs[commands[0]]) if w in words or w.isdigit()} - set(
+        re.findall(r"[a-z]+|[0-9]+", instruction))
     assert len(hidden) == 1, (proc.name, instruction, outputs)  # the shown slot: in the output, not the instruction
     for w in re.findall(r"[a-z]+", commands[0]):
       assert w not in words or w in instruction, (proc.name, commands[0])
