@@ -235,14 +235,13 @@ PROCEDURES = (
               "find /app -name {a}.csv", "/app/{b}/{a}.csv\n", "mv /app/{b}/{a}.csv /app/{c}.csv"),
     # a count, a bare file name, a file copied into a folder: the kinds of second step the multi-step check's
     # families take (learn_tasks.MULTI_STEP_TEMPLATES), phrased otherwise and over the corpus's own values
-    Procedure("wc-mkdir", ("Create the folder /app/{a}/N, N being how many lines /app/{c}.txt has",
-                           "Find out how many lines /app/{c}.txt holds and make a directory of that number in "
-                           "/app/{a}"),
+    Procedure("wc-mkdir", ("Create the folder /app/{a}/N, N the number of lines in /app/{c}.txt",
+                           "Count the lines of /app/{c}.txt and make a directory of that number in /app/{a}"),
               "wc -l < /app/{c}.txt", "{n}\n", "mkdir -p /app/{a}/{n}"),
     Procedure("grep-basename", ("Exactly one file in /app/{a} mentions {w}. Write the name of that file, without "
                                 "its folder, into /app/{c}.txt",
-                                "Put the bare file name of the one file of /app/{a} that contains {w} in "
-                                "/app/{c}.txt"),
+                                "Save to /app/{c}.txt the name, without the folder, of the one file of /app/{a} "
+                                "that contains {w}"),
               "grep -l {w} /app/{a}/*.txt", "/app/{a}/{b}.txt\n", "basename /app/{a}/{b}.txt > /app/{c}.txt"),
     Procedure("grep-cp-into", ("Copy the one file of /app/{a} that contains {w} into the folder /app/{c}",
                                "Of the files in /app/{a}, exactly one mentions {w}: copy it into /app/{c}"),
