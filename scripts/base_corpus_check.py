@@ -116,8 +116,9 @@ def main(argv=None) -> int:
   renderer, prompt = ChatRenderer(tok), None
   cfg = load_config(REPO_ROOT / a.config)
   from rsi_jax.env.harness import ScriptedPolicy, make_harness
-  if a.prompt == "harness":  # --config's json harness (configs/learn_check.yml: one turn, 20 s)
-    prompt = make_harness("json", ScriptedPolicy(tok, []), renderer, env_cfg=cfg.env).prompt_for
+  harness = make_harness("json", ScriptedPolicy(tok, []), renderer, env_cfg=cfg.env)  # --config's json harness
+  if a.prompt == "harness":  # (configs/learn_check.yml: one turn, 20 s)
+    prompt = harness.prompt_for
   if a.multi_turn and cfg.env.max_turns < 3:
     ap.error(f"--multi-turn: {a.config} has env.max_turns {cfg.env.max_turns}; a procedure is read, act, done "
              f"(configs/learn_check_multi.yml has four)")
@@ -140,7 +141,6 @@ def main(argv=None) -> int:
     from rsi_jax.rsr.corpus import command_episode
     from rsi_jax.rl.batch import episode_samples
     from rsi_jax.policy import SamplingParams
-    harness = make_harness("json", ScriptedPolicy(tok, []), renderer, env_cfg=cfg.env)
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens)
     turns = {"procedures, the act from the output": [], "procedures, done after it": [],
              "pairs, done after the command": []}
