@@ -43,14 +43,28 @@ def variant(run: Path, phase: str) -> dict:
   accepted = {r["episode_id"] for r in read_jsonl(folder / "q_clean.jsonl")}
   turns = [len(r["turns"]) for f in sorted((folder / "episodes").glob("*.jsonl.gz")) for r in read_transcripts(f)
            if r["episode_id"] in accepted]
-  steps = sorted((run / "eval" / phase).glob("*/summary.json"), key=lambda p: int(p.parent.name))
-  held = json.loads(steps[-1].read_text()) if steps else None
+  held, held_from = last_evaluation(run, phase), phase
+  if held is None and manifest["empty_reason"]:  # the phase trained nothing: its output is the weights it started from
+    held, held_from = last_evaluation(run, "base"), "base"
   return {"run": str(run), "policy": manifest["policy"], "num_runbooks": manifest["settings"]["num_runbooks"],
           "stages": {k: manifest["stages"].get(k, 0) for k in STAGES},
           "rejected": manifest["stages"].get("rejected", {}), "empty_reason": manifest["empty_reason"],
           "turns_per_accepted": statistics.fmean(turns) if turns else None, "accepted_with_turns": len(turns),
           "mean_at_r": held["mean_at_r"] if held else None, "pass_at_r": held["pass_at_r"] if held else None,
-          "runs": held["runs"] if held else None}
+          "runs": held["runs"] if held else configured_runs(run), "held_out_from": held_from if held else None}
+
+
+def last_evaluation(run: Path, phase: str) -> dict | None:
+  """The summary of ``phase``'s last evaluated step in ``run`` (``base``: the starting weights), or None."""
+  steps = sorted((run / "eval" / phase).glob("*/summary.json"), key=lambda p: int(p.parent.name))
+  return json.loads(steps[-1].read_text()) if steps else None
+
+
+def configured_runs(run: Path) -> int | None:
+  """R of Mean@R as the run's config sets it (``eval.repeats``), for a run with no evaluation to read it from."""
+  import yaml
+  cfg = yaml.safe_load((run / "config.yml").read_text()) if (run / "config.yml").exists() else {}
+  return ((cfg or {}).get("eval") or {}).get("repeats")
 
 
 def rejected_only(res) -> bool:
@@ -125,7 +139,8 @@ def main(argv=None) -> int:
     print(f"{label:<28}{fmt(rows['self-imitation'][key]):>16}{fmt(rows['rewrite'][key]):>12}")
   for name, row in rows.items():
     if row["empty_reason"]:
-      print(f"{name}: {row['empty_reason']}")
+      print(f"{name}: {row['empty_reason']}" + (" (its held-out row is the Base's: the weights are unchanged)"
+                                                if row["held_out_from"] == "base" else ""))
   (rewrite_run / "rewrite_comparison.json").write_text(json.dumps(rows, indent=1) + "\n")
   return 0
 

@@ -13,7 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import learn_check_rewrite  # noqa: E402
 
 
-def _run(root: Path, name: str, num_runbooks: int, accepted: dict, rejected: dict, evals: dict) -> Path:
+def _run(root: Path, name: str, num_runbooks: int, accepted: dict, rejected: dict, evals: dict,
+         empty_reason: str | None = None, phase: str = "rsr1") -> Path:
   """A run folder with an rsr1 funnel (``accepted``: episode id -> accepted?, with the turns it took) and
   evaluations (step -> Mean@R)."""
   f = root / name / "phases" / "rsr1"
@@ -21,7 +22,7 @@ def _run(root: Path, name: str, num_runbooks: int, accepted: dict, rejected: dic
   stages = {"attempted": 10, "discovered": 4, "planned": 4 * num_runbooks, "accepted": sum(a for a, _ in
                                                                                           accepted.values())}
   (f / "rsr_manifest.json").write_text(json.dumps({
-      "policy": "the actor", "settings": {"num_runbooks": num_runbooks}, "empty_reason": None,
+      "policy": "the actor", "settings": {"num_runbooks": num_runbooks}, "empty_reason": empty_reason,
       "stages": {**stages, "rejected": rejected}}))
   (f / "q_clean.jsonl").write_text("".join(json.dumps({"episode_id": e}) + "\n" for e, (a, _) in accepted.items()
                                            if a))
@@ -31,7 +32,7 @@ def _run(root: Path, name: str, num_runbooks: int, accepted: dict, rejected: dic
       for e, (_, turns) in items:
         g.write(json.dumps({"episode_id": e, "turns": [{}] * turns}) + "\n")
   for step, mean in evals.items():
-    d = root / name / "eval" / "rsr1" / str(step)
+    d = root / name / "eval" / phase / str(step)
     d.mkdir(parents=True)
     (d / "summary.json").write_text(json.dumps({"mean_at_r": mean, "pass_at_r": mean + 5, "runs": 3}))
   return root / name
@@ -69,3 +70,23 @@ def test_usage_and_a_run_without_a_base_checkpoint_are_refused(tmp_path, capsys)
   (tmp_path / "r" / "checkpoints" / "rsr0").mkdir(parents=True)
   assert learn_check_rewrite.base_weights(tmp_path / "r") == [
       f"pipeline.actor_from={{rsr1: {tmp_path / 'r' / 'checkpoints' / 'rsr0'}}}"]
+
+
+def test_a_phase_that_trained_nothing_reports_the_base_row_and_the_configured_runs(tmp_path, capsys):
+  """RSR-1 with an empty Q_clean trains nothing and is not evaluated: its held-out row is the Base's (the weights
+  are unchanged), labelled so; with no evaluation at all, R comes from the run's config, not "Mean@None"."""
+  none = "no discovery episode verified (192 attempted)"
+  a = _run(tmp_path, "a", 0, {}, {}, {0: 12.5}, empty_reason=none, phase="base")
+  b = _run(tmp_path, "b", 2, {}, {}, {}, empty_reason=none)
+  (b / "config.yml").write_text("eval: {repeats: 4}\n")
+  assert learn_check_rewrite.main(["--compare", str(a), str(b)]) == 0
+  out = json.loads((b / "rewrite_comparison.json").read_text())
+  assert out["self-imitation"]["mean_at_r"] == 12.5 and out["self-imitation"]["held_out_from"] == "base"
+  assert out["rewrite"]["mean_at_r"] is None and out["rewrite"]["held_out_from"] is None
+  assert out["rewrite"]["runs"] == 4
+  text = capsys.readouterr().out
+  assert re.search(r"\nheld-out Mean@4 +12\.5 +n/a\n", text), text
+  assert f"self-imitation: {none} (its held-out row is the Base's: the weights are unchanged)" in text
+  # a phase that did train but was not evaluated has no held-out row: the Base's would misreport it
+  c = _run(tmp_path, "c", 0, {"e1": (True, 1)}, {}, {0: 12.5}, phase="base")
+  assert learn_check_rewrite.variant(c, "rsr1")["mean_at_r"] is None
