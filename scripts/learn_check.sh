@@ -12,7 +12,10 @@
 #   --multi-step: the same on the multi-step task families (configs/learn_check_multi.yml: 2-3 commands a task,
 #     four turns), from the multi-step stand-in Base (configs/stand_in_base_multi.yml: the stand-in Base trained
 #     on further under that harness, once, into runs/stand_in_base_multi); then RSR-1 again with the rewrite on
-#     (scripts/learn_check_rewrite.py), and the funnel comparison of the two RSR-1s
+#     (scripts/learn_check_rewrite.py), and the funnel comparison of the two RSR-1s. Before the plan, the
+#     discovery gate (scripts/learn_check_gate.py): the Base's sampled success on the suite's validation split
+#     (8 tasks a family, none held-out; 2 attempts each at the rollout's sampling) must reach 10%, or the check
+#     stops there with exit status 3 (--no-gate, after --multi-step, runs it anyway)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -21,6 +24,8 @@ if [ $# -gt 0 ] && [[ "$1" =~ ^[0-9]+$ ]]; then seed=$1; shift; fi
 stand_in=0 multi=0
 if [ $# -gt 0 ] && [ "$1" = "--stand-in-base" ]; then stand_in=1; shift;
 elif [ $# -gt 0 ] && [ "$1" = "--multi-step" ]; then stand_in=1 multi=1; shift; fi
+gate=$multi
+if [ "$multi" = 1 ] && [ $# -gt 0 ] && [ "$1" = "--no-gate" ]; then gate=0; shift; fi
 py=$(bash scripts/setup.sh | tail -n 1)
 bash scripts/docker_up.sh
 bash scripts/build_base_image.sh bookworm
@@ -43,6 +48,7 @@ name="learn_check_s$seed"
 check_config=configs/learn_check.yml
 templates=one-command
 heldout=4
+val=0
 base=24  # the scripted warm start's demonstrations (rsr0); a stand-in Base's runs have no rsr0 but keep the split
 base_args=()
 label="init (random)"
@@ -61,13 +67,26 @@ if [ "$stand_in" = 1 ]; then
     templates=multi-step
     heldout=17  # 4 families x 17 = 68 held-out tasks: one task is 1.5 points of Mean@3
     base=0
+    val=8
     base_args=()
   fi
 fi
 suite="runs/${name}_tasks"
 # the suite and the seed's run file: the check's config with this suite's splits (a run file rather than
 # key=value, which would win over the Base phase's own env.tasks_dir)
-"$py" scripts/make_learn_tasks.py "$suite" --seed "$seed" --base "$base" --heldout "$heldout" --templates "$templates" --run-file "$check_config"
+"$py" scripts/make_learn_tasks.py "$suite" --seed "$seed" --base "$base" --heldout "$heldout" --val "$val" --templates "$templates" --run-file "$check_config"
+if [ "$gate" = 1 ]; then
+  # the discovery gate: the Base (the run file's model) on the validation split, sampled as discovery samples
+  gate_dir="runs/${name}_gate"
+  rm -rf "$gate_dir"
+  sampling=$("$py" -c 'import sys; from rsi_jax.config import load_config
+c = load_config(sys.argv[1], sys.argv[2:]).rollout; print(f"eval.temperature={c.temperature} eval.top_p={c.top_p}")' \
+    "$suite/run.yml" "$@")
+  # shellcheck disable=SC2086  # two key=value words
+  "$py" -m rsi_jax.eval --config="$suite/run.yml" --tasks_dir="$suite/val" --repeats=2 --output="$gate_dir" \
+    $sampling "$@"
+  "$py" scripts/learn_check_gate.py "$gate_dir/summary.json" --min 10 || exit $?
+fi
 start=$(date +%s)
 rc=0
 "$py" -m rsi_jax.train --config="$suite/run.yml" "run.name=$name" "run.seed=$seed" ${base_args[@]+"${base_args[@]}"} \

@@ -306,11 +306,15 @@ def _one_per_instruction(t: Template, seed: int) -> list[tuple]:
 
 
 def split(seed: int, train_per_template: int, heldout_per_template: int,
-          templates: Sequence[str] = (), base_per_template: int = 0) -> dict[str, list[tuple[Template, tuple]]]:
-  """{"train": [...], "heldout": [...]} (and "base" when ``base_per_template``) of (template, parameters); no
-  combination is in two splits. Held-out and train do not depend on ``base_per_template``."""
-  sizes = {"heldout": heldout_per_template, "train": train_per_template, "base": base_per_template}
-  out: dict[str, list] = {k: [] for k, n in sizes.items() if n or k != "base"}
+          templates: Sequence[str] = (), base_per_template: int = 0,
+          val_per_template: int = 0) -> dict[str, list[tuple[Template, tuple]]]:
+  """{"train": [...], "heldout": [...]} (and "base" when ``base_per_template``, "val" when ``val_per_template``:
+  a validation split for choices that must not look at held-out, e.g. the learning check's discovery gate) of
+  (template, parameters); no combination is in two splits. Held-out and train depend on neither extra split,
+  base not on val."""
+  sizes = {"heldout": heldout_per_template, "train": train_per_template, "base": base_per_template,
+           "val": val_per_template}
+  out: dict[str, list] = {k: [] for k, n in sizes.items() if n or k in ("heldout", "train")}
   for t in selected(templates):
     combos = _one_per_instruction(t, seed)
     random.Random(f"{seed}-{t.name}").shuffle(combos)
@@ -318,7 +322,8 @@ def split(seed: int, train_per_template: int, heldout_per_template: int,
       what = "instructions" if t.hidden else "parameter combinations"
       raise ValueError(f"template {t.name} has {len(combos)} {what}, fewer than "
                        f"{heldout_per_template} held-out + {train_per_template} train"
-                       + (f" + {base_per_template} base" if base_per_template else ""))
+                       + (f" + {base_per_template} base" if base_per_template else "")
+                       + (f" + {val_per_template} val" if val_per_template else ""))
     start = 0
     for k, n in sizes.items():
       if k in out:
@@ -329,12 +334,12 @@ def split(seed: int, train_per_template: int, heldout_per_template: int,
 
 def make_suite(out_dir, *, seed: int = 0, train_per_template: int = 24, heldout_per_template: int = 4,
                templates: Sequence[str] = (), base_image: str = "rsi-base",
-               base_per_template: int = 0) -> dict[str, Path]:
-  """Write ``out_dir/train`` and ``out_dir/heldout`` (``out_dir/base`` too when ``base_per_template``, and
+               base_per_template: int = 0, val_per_template: int = 0) -> dict[str, Path]:
+  """Write ``out_dir/train`` and ``out_dir/heldout`` (``out_dir/base`` / ``out_dir/val`` too when asked for, and
   ``out_dir/suite.json``: what was generated); returns {split: path}."""
   chosen = selected(templates)
   out = Path(out_dir)
-  parts = split(seed, train_per_template, heldout_per_template, templates, base_per_template)
+  parts = split(seed, train_per_template, heldout_per_template, templates, base_per_template, val_per_template)
   paths = {}
   for name, items in parts.items():
     root = out / name
@@ -346,7 +351,7 @@ def make_suite(out_dir, *, seed: int = 0, train_per_template: int = 24, heldout_
     paths[name] = root
   (out / "suite.json").write_text(json.dumps(
       {"seed": seed, "train_per_template": train_per_template, "heldout_per_template": heldout_per_template,
-       "base_per_template": base_per_template,
+       "base_per_template": base_per_template, "val_per_template": val_per_template,
        "templates": [t.name for t in chosen],
        **{k: [task_name(t, p) for t, p in v] for k, v in parts.items()}}, indent=1) + "\n")
   return paths

@@ -67,6 +67,23 @@ def test_base_split_is_disjoint_from_train_and_heldout_and_leaves_them_unchanged
     split(seed=0, train_per_template=24, heldout_per_template=4, base_per_template=29)  # 57 > 56 combinations
 
 
+def test_val_split_is_disjoint_from_the_others_and_leaves_them_unchanged():
+  """The validation split (the discovery gate's tasks) comes after every other split's combinations: held-out,
+  train and base are the same with it or without it, and it shares no instruction with them."""
+  from rsi_jax.env.learn_tasks import MULTI_STEP_TEMPLATES as MULTI_STEP
+  names = [t.name for t in MULTI_STEP]
+  parts = split(seed=0, train_per_template=24, heldout_per_template=17, templates=names, val_per_template=8)
+  keys = {k: {(t.name, p) for t, p in v} for k, v in parts.items()}
+  assert sorted(keys) == ["heldout", "train", "val"] and len(keys["val"]) == 8 * len(names)
+  assert not keys["val"] & keys["train"] and not keys["val"] & keys["heldout"]
+  without = split(seed=0, train_per_template=24, heldout_per_template=17, templates=names)
+  assert (without["train"], without["heldout"]) == (parts["train"], parts["heldout"])
+  based = split(seed=0, train_per_template=24, heldout_per_template=4, base_per_template=24, val_per_template=4)
+  assert based["base"] == split(seed=0, train_per_template=24, heldout_per_template=4, base_per_template=24)["base"]
+  with pytest.raises(ValueError, match=r"fewer than 17 held-out \+ 24 train \+ 16 val"):
+    split(seed=0, train_per_template=24, heldout_per_template=17, templates=names, val_per_template=16)
+
+
 def test_suite_folders_load(tmp_path):
   paths = make_suite(tmp_path, seed=1, train_per_template=2, heldout_per_template=1)
   train, held = load_tasks(paths["train"]), load_tasks(paths["heldout"])
