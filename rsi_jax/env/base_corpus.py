@@ -212,37 +212,73 @@ class Procedure:
   read: str
   output: str
   act: str
+  # further phrasings, written after the value pools were fixed: their words leave the procedures' draws
+  # (:func:`_procedure_values`), not the pools, so every pair (the CI copy check's) is drawn as before
+  paraphrases: tuple[str, ...] = ()
+
+  @property
+  def all_phrasings(self) -> tuple[str, ...]:
+    return self.phrasings + self.paraphrases
 
 
 PROCEDURES = (
     Procedure("pointer-ls", ("The file /app/{a}.txt holds the path of a folder. List what is in that folder",
                              "List the folder whose path is written in /app/{a}.txt"),
-              "cat /app/{a}.txt", "/app/{b}\n", "ls /app/{b}"),
+              "cat /app/{a}.txt", "/app/{b}\n", "ls /app/{b}",
+              ("Show what is inside the folder that /app/{a}.txt names",
+               "/app/{a}.txt gives a folder's path; list that folder",
+               "Read the folder path stored in /app/{a}.txt, then list its contents")),
     Procedure("pointer-cp", ("/app/{a}.link holds the path of a log file. Copy that log to /app/{c}.log",
                              "Copy the log file named in /app/{a}.link to /app/{c}.log"),
-              "cat /app/{a}.link", "/app/{b}.log\n", "cp /app/{b}.log /app/{c}.log"),
+              "cat /app/{a}.link", "/app/{b}.log\n", "cp /app/{b}.log /app/{c}.log",
+              ("The path of a log is written in /app/{a}.link: make a copy of that log at /app/{c}.log",
+               "Look in /app/{a}.link for the path of a log file and copy the log it points to to /app/{c}.log",
+               "Put a copy of the log that /app/{a}.link refers to at /app/{c}.log")),
     Procedure("grep-rm", ("Exactly one file in /app/{a} mentions {w}. Delete that file",
                           "Remove the one file of /app/{a} that contains {w}"),
-              "grep -l {w} /app/{a}/*.txt", "/app/{a}/{b}.txt\n", "rm /app/{a}/{b}.txt"),
+              "grep -l {w} /app/{a}/*.txt", "/app/{a}/{b}.txt\n", "rm /app/{a}/{b}.txt",
+              ("Find the file in /app/{a} that has the word {w} in it and delete it",
+               "One of the files of /app/{a} contains the word {w}. Remove it",
+               "Delete whichever file in /app/{a} includes the word {w}")),
     Procedure("find-cat", ("A file named {a}.md is somewhere under /app. Print its contents",
                            "Show the file {a}.md, which is in some folder below /app"),
-              "find /app -name {a}.md", "/app/{b}/{a}.md\n", "cat /app/{b}/{a}.md"),
-    Procedure("ls-rm", ("The folder /app/{a} holds one .tmp file. Delete it",
-                        "Remove the only .tmp file in /app/{a}"),
-              "ls /app/{a}/*.tmp", "/app/{a}/{b}.tmp\n", "rm /app/{a}/{b}.tmp"),
+              "find /app -name {a}.md", "/app/{b}/{a}.md\n", "cat /app/{b}/{a}.md",
+              ("Locate {a}.md under /app and print what it holds", "Show what {a}.md, in a folder below /app, holds")),
+    Procedure("ls-rm", ("The folder /app/{a} holds one .tmp file. Delete it", "Remove the only .tmp file in /app/{a}"),
+              "ls /app/{a}/*.tmp", "/app/{a}/{b}.tmp\n", "rm /app/{a}/{b}.tmp",
+              ("Find the single .tmp file in /app/{a} and remove it", "Delete the one .tmp file inside /app/{a}")),
     Procedure("find-mv", ("Somewhere under /app is a file named {a}.csv. Move it to /app/{c}.csv",
                           "Find {a}.csv below /app and move it to /app/{c}.csv"),
-              "find /app -name {a}.csv", "/app/{b}/{a}.csv\n", "mv /app/{b}/{a}.csv /app/{c}.csv"),
-    # a count, a file copied into a folder: kinds of second step the multi-step check's families take
-    # (learn_tasks.MULTI_STEP_TEMPLATES), phrased otherwise, over the corpus's own values. No bare file name (as
-    # find-file's): its program, basename, would be a new word of the corpus's text and so leave the value pools,
-    # which redraws every pair of the CI-sized copy check (README, learning check: 0.824 on that draw)
+              "find /app -name {a}.csv", "/app/{b}/{a}.csv\n", "mv /app/{b}/{a}.csv /app/{c}.csv",
+              ("Locate the file {a}.csv in some folder under /app and rename it to /app/{c}.csv",
+               "{a}.csv is in a folder below /app; move it so that it becomes /app/{c}.csv")),
+    # a count, a file copied into a folder: kinds of step the multi-step check's families take
+    # (learn_tasks.MULTI_STEP_TEMPLATES), in sentences of their own, over the corpus's own values (never the check's
+    # names or words, so no pair is one of its task combinations). The paraphrases are what teach the kind of
+    # instruction rather than one sentence of it: a Base that learned two sentences per procedure answered the
+    # check's own phrasing with another program (count-dir: grep, never wc -l, 45 of 51 held-out attempts). None
+    # prints a bare file name that the next command writes after a "/": a value's tokens would differ there
     Procedure("wc-mkdir", ("Create the folder /app/{a}/N, N the number of lines in /app/{c}.txt",
                            "Count the lines of /app/{c}.txt and make a directory of that number in /app/{a}"),
-              "wc -l < /app/{c}.txt", "{n}\n", "mkdir -p /app/{a}/{n}"),
+              "wc -l < /app/{c}.txt", "{n}\n", "mkdir -p /app/{a}/{n}",
+              ("Find out how many lines /app/{c}.txt has and create a folder named by that number inside /app/{a}",
+               "Make the directory /app/{a}/COUNT, where COUNT is the line count of /app/{c}.txt",
+               "Count how many lines are in /app/{c}.txt; then create /app/{a}/ followed by that number as a folder",
+               "In /app/{a}, create a directory whose name is the number of lines of /app/{c}.txt",
+               "Take the number of lines in /app/{c}.txt and make a folder with that number as its name under "
+               "/app/{a}")),
     Procedure("grep-cp-into", ("Copy the one file of /app/{a} that contains {w} into the folder /app/{c}",
                                "Of the files in /app/{a}, exactly one mentions {w}: copy it into /app/{c}"),
-              "grep -l {w} /app/{a}/*.txt", "/app/{a}/{b}.txt\n", "cp /app/{a}/{b}.txt /app/{c}/"),
+              "grep -l {w} /app/{a}/*.txt", "/app/{a}/{b}.txt\n", "cp /app/{a}/{b}.txt /app/{c}/",
+              ("Find the file in /app/{a} with the word {w} in it and put a copy of it in the folder /app/{c}",
+               "One file of /app/{a} has the word {w}; copy that file into /app/{c}",
+               "Put into the existing folder /app/{c} a copy of whichever file in /app/{a} includes the word {w}")),
+    Procedure("grep-mkdir-cp", (), "grep -l {w} /app/{a}/*.txt", "/app/{a}/{b}.txt\n",
+              "mkdir -p /app/{c} && cp /app/{a}/{b}.txt /app/{c}/",
+              ("Make a new folder /app/{c} and put in it a copy of the file of /app/{a} that has the word {w}",
+               "The word {w} is in just one file of /app/{a}. Create the folder /app/{c} and copy that file into it",
+               "Create /app/{c} as a directory, then copy there whichever file in /app/{a} includes the word {w}",
+               "Find the file in /app/{a} containing {w}, make the directory /app/{c}, and copy the file into it")),
 )
 
 
@@ -263,12 +299,13 @@ def procedures(n: int, seed: int, values) -> list[tuple[str, dict[str, str], lis
   (instruction, {command: output}, commands in order)."""
   _check_values(values)
   rng = random.Random(f"base-corpus-procedures-{seed}")
+  values = _procedure_values(values)
   out = []
   for k in range(n):
     p = PROCEDURES[k % len(PROCEDURES)]
     v = _draw(rng, values)
     read, act = p.read.format(**v), p.act.format(**v)
-    out.append((rng.choice(p.phrasings).format(**v), {read: p.output.format(**v)},
+    out.append((rng.choice(p.all_phrasings).format(**v), {read: p.output.format(**v)},
                 [read, act]))
   return out
 
@@ -281,13 +318,15 @@ def runbook_tasks(n: int, seed: int, values, *, procedures: bool = False
   {command: output}, commands in order)."""
   _check_values(values)
   rng = random.Random(f"base-corpus-runbooks-{seed}")
+  if procedures:
+    values = _procedure_values(values)
   out = []
   for k in range(n):
     v = _draw(rng, values)
     if procedures and k % 2:
       p = PROCEDURES[(k // 2) % len(PROCEDURES)]
       read, act = p.read.format(**v), p.act.format(**v)
-      out.append((p.name, rng.choice(p.phrasings).format(**v), {read: p.output.format(**v)}, [read, act]))
+      out.append((p.name, rng.choice(p.all_phrasings).format(**v), {read: p.output.format(**v)}, [read, act]))
     else:
       s = SHAPES[(k // 2 if procedures else k) % len(SHAPES)]
       instruction, command = variant(s, rng)
@@ -318,6 +357,18 @@ def shape_words() -> frozenset[str]:
   texts = [t for s in SHAPES for t in (s.command, *s.phrasings)]
   texts += [t for p in PROCEDURES for t in (p.read, p.output, p.act, *p.phrasings)]
   return frozenset(w for t in texts for w in re.findall(r"[a-z]+", re.sub(r"\{\w\}", " ", t))) | frozenset(DIRS)
+
+
+def paraphrase_words() -> frozenset[str]:
+  """The words of the procedures' paraphrases, never a value of a procedure's draw (:func:`_procedure_values`)."""
+  return frozenset(w for p in PROCEDURES for t in p.paraphrases
+                   for w in re.findall(r"[a-z]+", re.sub(r"\{\w\}", " ", t.lower())))
+
+
+def _procedure_values(values) -> list[str]:
+  """``values`` less the paraphrases' words (those of ``phrasings`` the value pools already leave out)."""
+  screened = paraphrase_words()
+  return [v for v in values if v not in screened]
 
 
 def _check_values(values):

@@ -296,3 +296,33 @@ def test_the_copy_check_pads_rows_to_its_longest_pair_and_leaves_the_sampler_roo
   longest_prompt = max(prompts)
   t = fit_seq_len(rows, prompts, max_new_tokens=200)
   assert t % 8 == 0 and longest_prompt + 200 <= 2 * t < longest_prompt + 200 + 16, (t, longest_prompt)
+
+
+def test_procedures_come_in_several_sentences_whose_words_are_never_a_drawn_value(pools):
+  """Each procedure has four or more phrasings (sentence frames: what lets a Base map an instruction it has not
+  seen to its program), every one naming the values its commands take from the instruction; the paraphrases'
+  words are never a value of a procedure's draw, and they leave the value pools -- and so every pair -- as
+  they were (the pools leave out the shapes' and the first phrasings' words only)."""
+  seen, unseen = pools
+  extra = bc.paraphrase_words() - bc.shape_words()
+  assert extra
+  assert {"whichever", "locate", "stored"} <= extra  # paraphrase words that are pool values otherwise
+  assert extra & set(seen)  # ... and so have to be screened out of the procedures' draws
+  for p in bc.PROCEDURES:
+    assert len(p.all_phrasings) >= 4, p.name
+    given = set(re.findall(r"\{(\w)\}", p.read)) | (set(re.findall(r"\{(\w)\}", p.act))
+                                                     - set(re.findall(r"\{(\w)\}", p.output)))
+    for phrasing in p.all_phrasings:
+      assert set(re.findall(r"\{(\w)\}", phrasing)) == given, (p.name, phrasing)
+  for instruction, outputs, commands in bc.procedures(30 * len(bc.PROCEDURES), 0, seen):
+    drawn = set(re.findall(r"[a-z]+", " ".join([*outputs.values(), *commands]))) & set(seen)
+    assert not drawn & extra, (instruction, drawn & extra)
+  for _, instruction, outputs, commands in bc.runbook_tasks(200, 0, seen, procedures=True):
+    assert not set(re.findall(r"[a-z]+", " ".join(commands))) & set(seen) & extra, instruction
+  used = set()  # which sentence each episode's instruction is: the paraphrases are drawn, not only the first two
+  for k, (instruction, *_) in enumerate(bc.procedures(40 * len(bc.PROCEDURES), 0, seen)):
+    p = bc.PROCEDURES[k % len(bc.PROCEDURES)]
+    (j,) = [j for j, t in enumerate(p.all_phrasings)
+            if re.fullmatch(re.sub(r"\\\{\w\\\}", r"\\w+", re.escape(t)), instruction)]
+    used.add((p.name, j))
+  assert used == {(p.name, j) for p in bc.PROCEDURES for j in range(len(p.all_phrasings))}
