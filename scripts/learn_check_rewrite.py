@@ -62,9 +62,13 @@ def last_evaluation(run: Path, phase: str) -> dict | None:
 
 def configured_runs(run: Path) -> int | None:
   """R of Mean@R as the run's config sets it (``eval.repeats``), for a run with no evaluation to read it from."""
+  return (run_config(run).get("eval") or {}).get("repeats")
+
+
+def run_config(run: Path) -> dict:
+  """``run``'s config.yml as written ({} without one)."""
   import yaml
-  cfg = yaml.safe_load((run / "config.yml").read_text()) if (run / "config.yml").exists() else {}
-  return ((cfg or {}).get("eval") or {}).get("repeats")
+  return (yaml.safe_load((run / "config.yml").read_text()) if (run / "config.yml").exists() else None) or {}
 
 
 def rejected_only(res) -> bool:
@@ -76,11 +80,10 @@ def rejected_only(res) -> bool:
 def base_weights(run: Path) -> list[str]:
   """The overrides that start RSR-1 from ``run``'s Base: its rsr0 checkpoint, or none when the run started from
   an imported Base (``scripts/learn_check.sh --stand-in-base``: model.hf_path, and RSR-1 is the first phase)."""
-  import yaml
   base = run / "checkpoints" / "rsr0"
   if base.is_dir():
     return [f"pipeline.actor_from={{rsr1: {base}}}"]
-  cfg = yaml.safe_load((run / "config.yml").read_text()) if (run / "config.yml").exists() else {}
+  cfg = run_config(run)
   if (cfg.get("model") or {}).get("hf_path") and (cfg.get("pipeline") or {}).get("phases", [None])[0] == "rsr1":
     return []
   raise FileNotFoundError(f"no Base in {run}: neither an rsr0 checkpoint nor an imported model.hf_path that RSR-1 "

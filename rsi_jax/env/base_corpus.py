@@ -356,13 +356,17 @@ def shape_words() -> frozenset[str]:
   value, so that a value in a command is always one the instruction gave."""
   texts = [t for s in SHAPES for t in (s.command, *s.phrasings)]
   texts += [t for p in PROCEDURES for t in (p.read, p.output, p.act, *p.phrasings)]
-  return frozenset(w for t in texts for w in re.findall(r"[a-z]+", re.sub(r"\{\w\}", " ", t))) | frozenset(DIRS)
+  return _words(texts) | frozenset(DIRS)
 
 
 def paraphrase_words() -> frozenset[str]:
   """The words of the procedures' paraphrases, never a value of a procedure's draw (:func:`_procedure_values`)."""
-  return frozenset(w for p in PROCEDURES for t in p.paraphrases
-                   for w in re.findall(r"[a-z]+", re.sub(r"\{\w\}", " ", t.lower())))
+  return _words(t.lower() for p in PROCEDURES for t in p.paraphrases)
+
+
+def _words(texts) -> frozenset[str]:
+  """The runs of lowercase letters in ``texts``, slots (``{a}``) left out."""
+  return frozenset(w for t in texts for w in re.findall(r"[a-z]+", re.sub(r"\{\w\}", " ", t)))
 
 
 def _procedure_values(values) -> list[str]:
