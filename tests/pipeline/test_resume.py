@@ -361,16 +361,16 @@ SEED_ARGS = ["pipeline.phases=[critic_seed]", "pipeline.critic_seed_epochs=2", "
 
 @pytest.fixture(scope="module")
 def seed_runs(tmp_path_factory, docker_client):
-  """Run s uninterrupted; run u stopped by SIGTERM at a random moment while step 2's episodes run, then rerun."""
+  """Run s uninterrupted; run t stopped by SIGTERM at a random moment while step 2's episodes run, then rerun."""
   out = tmp_path_factory.mktemp("seed")
   _finish(_start(out, "s", *SEED_ARGS))
-  t = out / "u"
+  t = out / "t"
   delay = random.Random(os.getpid()).uniform(0.0, 1.0)
-  st = _stop_when(_start(out, "u", *SEED_ARGS),
-                  lambda: _has_step(t, "critic_seed", 1) and _containers(docker_client, "u"), signal.SIGTERM, delay)
+  st = _stop_when(_start(out, "t", *SEED_ARGS),
+                  lambda: _has_step(t, "critic_seed", 1) and _containers(docker_client, "t"), signal.SIGTERM, delay)
   st.update(delay=delay, records=[(r["phase"], r["step"]) for r in _records(t)],
-            containers=_containers(docker_client, "u"))
-  t_out, _ = _finish(_start(out, "u", *SEED_ARGS))
+            containers=_containers(docker_client, "t"))
+  t_out, _ = _finish(_start(out, "t", *SEED_ARGS))
   return {"out": out, "stop": st, "t_out": t_out}
 
 
@@ -378,12 +378,12 @@ def test_sigterm_inside_a_critic_seed_step_and_rerun_end_bitwise_equal(seed_runs
   st = seed_runs["stop"]
   assert st["rc"] == 0, st["out"] + st["err"][-3000:]
   assert st["seconds"] < BUDGET, st
-  assert re.search(r"preempted \(SIGTERM\): checkpoint written to \S+/u/checkpoints/critic_seed/1;", st["out"]), \
+  assert re.search(r"preempted \(SIGTERM\): checkpoint written to \S+/t/checkpoints/critic_seed/1;", st["out"]), \
       st["out"]
   assert "Traceback" not in st["out"] + st["err"]
   assert st["records"] == [("critic_seed", 1)] and st["containers"] == []  # step 2's episodes aborted and removed
   assert re.search(r"^\[critic_seed\] resuming after step 1 ", seed_runs["t_out"], re.M), seed_runs["t_out"]
-  s, t = seed_runs["out"] / "s", seed_runs["out"] / "u"
+  s, t = seed_runs["out"] / "s", seed_runs["out"] / "t"
   _assert_same_final_weights(s, t)
   rs, rt = _records(s), _records(t)
   assert [(r["phase"], r["step"], r.get("loss")) for r in rt] == [(r["phase"], r["step"], r.get("loss")) for r in rs]

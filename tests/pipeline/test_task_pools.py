@@ -28,7 +28,7 @@ def _suite(root, good=("good-a", "good-b"), bad=("bad",)):
 
 
 def _cfg(tmp_path, suite, *ov):
-  return load_config(CONFIG_DIR / "smoke.yml", [f"run.output_dir={tmp_path}", "run.name=pools",
+  return load_config(CONFIG_DIR / "smoke.yml", [f"run.output_dir={tmp_path}", "run.name=t",
                                                 f"env.tasks_dir={suite}", "eval.tasks_dir=", *ov])
 
 
@@ -63,7 +63,7 @@ def test_the_resume_check_compares_the_pool_without_its_refused_folders(tmp_path
     return {pool_key(c): load_pool(c)[0] for c in [cfg] + [s.cfg for s in plan]}
 
   first = plan[0]
-  meta = tmp_path / "pools" / "checkpoints" / first.name / "2" / "meta" / "metadata"
+  meta = tmp_path / "t" / "checkpoints" / first.name / "2" / "meta" / "metadata"
   assert str(meta).startswith(checkpoint_root(cfg))
   meta.parent.mkdir(parents=True)
   meta.write_text(json.dumps({"tasks_digest": tasks_digest(pools()[pool_key(first.cfg)])}))
