@@ -3,9 +3,7 @@
 #   - .venv from requirements.lock (scripts/setup.sh)
 #   - a Docker daemon (scripts/docker_up.sh) and the base images rsi-base, rsi-base-trixie (scripts/build_base_image.sh)
 #   - Chromium and chromedriver from Debian for the run browser's tests (scripts/browser_up.sh)
-#   - pytest over tests/ (Docker tests are required to run: RSI_REQUIRE_DOCKER=1) on two workers (pytest-xdist;
-#     RSI_TEST_WORKERS=N for N, 0 for none): the Docker modules one after another on one worker, every other
-#     module whole on either (tests/conftest.py)
+#   - pytest over tests/ (Docker tests are required to run: RSI_REQUIRE_DOCKER=1)
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh tests/rl -x`).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -16,7 +14,7 @@ bash scripts/build_base_image.sh bookworm trixie  # trixie: the family image of 
 bash scripts/browser_up.sh  # headless Chromium + chromedriver for the run browser's tests (tests/view)
 export RSI_REQUIRE_DOCKER=1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 set +e
-"$py" -m pytest -q --durations=20 -n "${RSI_TEST_WORKERS:-2}" --dist loadgroup "${@:-tests}"
+"$py" -m pytest -q --durations=20 "${@:-tests}"
 rc=$?
 set -e
 # pytest exits 5 when it collected no tests; that is a broken suite here, not a pass.

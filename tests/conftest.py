@@ -58,16 +58,3 @@ def docker_client():
       pytest.fail(msg)
     pytest.skip(msg)
   return c
-
-
-def pytest_collection_modifyitems(config, items):
-  """Two workers (scripts/test.sh: ``-n 2 --dist loadgroup``, pytest-xdist) share the suite by group: every Docker
-  module runs in one group, one after another (they share the daemon, its images and run labels: one module's
-  "no container of run t is left" must not see another's run t), and every other module is a group of its own, so
-  a module-scoped fixture (a training run, an engine) is built once, on one worker. Without xdist the marks do
-  nothing."""
-  module = lambda item: item.nodeid.split("::", 1)[0]
-  docker = {module(i) for i in items
-            if i.get_closest_marker("docker") or "docker_client" in getattr(i, "fixturenames", ())}
-  for item in items:
-    item.add_marker(pytest.mark.xdist_group("docker" if module(item) in docker else module(item)))
